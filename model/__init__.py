@@ -1,0 +1,22 @@
+"""Plain-PyTorch GPT: attention, blocks, the model, sampling and generation. Imports only torch."""
+
+from .attention import KVCache, MultiHeadAttention
+from .config import ConfigError, GPTConfig
+from .generation import generate, generate_tokens
+from .gpt import GPT, MLP, Block
+from .sampling import sample_next, top_k_filter, top_p_filter
+
+__all__ = [
+    "GPT",
+    "MLP",
+    "Block",
+    "ConfigError",
+    "GPTConfig",
+    "KVCache",
+    "MultiHeadAttention",
+    "generate",
+    "generate_tokens",
+    "sample_next",
+    "top_k_filter",
+    "top_p_filter",
+]

@@ -1,0 +1,153 @@
+"""Causal multi-head self-attention, as built up in "Build a Large Language Model (From Scratch)".
+
+`MultiHeadAttention` keeps the teaching version's names and semantics (separate query/key/value
+projections, a registered upper-triangular mask, dropout on the attention weights, an output
+projection) and adds two things a real model needs: a fast path through PyTorch's fused
+scaled-dot-product attention, and a key/value cache for generation.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, for one attention layer.
+
+    Buffers are allocated once at full context length, so generation never reallocates.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_heads: int,
+        max_length: int,
+        head_dim: int,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        shape = (batch_size, num_heads, max_length, head_dim)
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.length = 0
+        """Number of positions filled."""
+
+    @property
+    def max_length(self) -> int:
+        return self.keys.shape[2]
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store (B, nh, t, hs) new keys/values; return all keys/values so far, (B, nh, length, hs)."""
+        start, end = self.length, self.length + keys.shape[2]
+        if end > self.max_length:
+            raise RuntimeError(f"KV cache overflow: {end} positions > capacity {self.max_length}")
+        self.keys[:, :, start:end] = keys
+        self.values[:, :, start:end] = values
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+
+class MultiHeadAttention(nn.Module):
+    """Causal self-attention with `num_heads` heads of size `d_out // num_heads`.
+
+    Input (B, T, d_in), output (B, T, d_out). Position t attends to positions <= t only.
+    """
+
+    def __init__(
+        self,
+        d_in: int,
+        d_out: int,
+        context_length: int,
+        dropout: float,
+        num_heads: int,
+        qkv_bias: bool = False,
+        proj_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if d_out % num_heads:
+            raise ValueError(f"d_out ({d_out}) must be divisible by num_heads ({num_heads})")
+        self.d_out = d_out
+        self.num_heads = num_heads
+        self.head_dim = d_out // num_heads
+        # Creation order matters: with a fixed seed it reproduces the reference numbers.
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out, bias=proj_bias)
+        self.dropout = nn.Dropout(dropout)
+        # True above the diagonal = "may not look here". Boolean and non-persistent: it costs no
+        # checkpoint space, needs no cast per forward, and a checkpoint still loads when the
+        # context length changes.
+        self.register_buffer(
+            "mask",
+            torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), diagonal=1),
+            persistent=False,
+        )
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        kv_cache: KVCache | None = None,
+        return_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend over `x` (B, T, d_in), continuing the sequence held in `kv_cache` if given.
+
+        With `return_weights=True` the explicit reference path runs and also returns the
+        attention weights (B, nh, T, T_total) after dropout; otherwise SDPA does the work.
+        """
+        b, t, _ = x.shape
+        queries = self._split_heads(self.W_query(x))
+        keys = self._split_heads(self.W_key(x))
+        values = self._split_heads(self.W_value(x))
+
+        past = kv_cache.length if kv_cache is not None else 0
+        if kv_cache is not None:
+            keys, values = kv_cache.append(keys, values)
+        total = past + t
+        if total > self.mask.shape[0]:
+            raise ValueError(f"sequence of {total} tokens exceeds context length {self.mask.shape[0]}")
+
+        if return_weights:
+            context, weights = self._explicit_attention(queries, keys, values, past)
+        else:
+            context, weights = self._fused_attention(queries, keys, values, past), None
+
+        context = context.transpose(1, 2).contiguous().view(b, t, self.d_out)  # (B, T, d_out)
+        out = self.out_proj(context)
+        return (out, weights) if return_weights else out
+
+    def _explicit_attention(
+        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The textbook computation; the reference the fused path is tested against."""
+        total = keys.shape[2]
+        scores = queries @ keys.transpose(2, 3)  # (B, nh, T, T_total)
+        scores = scores.masked_fill(self.mask[past:total, :total], float("-inf"))
+        weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
+        weights = self.dropout(weights)
+        return weights @ values, weights  # (B, nh, T, hs)
+
+    def _fused_attention(
+        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int
+    ) -> torch.Tensor:
+        t, total = queries.shape[2], keys.shape[2]
+        dropout_p = self.dropout.p if self.training else 0.0
+        if past == 0:
+            # Plain causal attention: let the kernel build the mask itself.
+            return F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout_p, is_causal=True)
+        if t == 1:
+            # One new token sees every cached position: nothing to mask.
+            return F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout_p)
+        allowed = ~self.mask[past:total, :total]
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=allowed, dropout_p=dropout_p)

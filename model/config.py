@@ -1,0 +1,48 @@
+"""Typed configuration of the GPT architecture."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    """A configuration value a user set is invalid; the message is one line naming it."""
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Shape of a decoder-only GPT. The defaults are a small model that trains on a laptop CPU."""
+
+    vocab_size: int | None = None
+    """Rows of the token embedding. None takes the tokenizer's size; a larger value pads the table (e.g. 50304)."""
+    context_length: int = 128
+    """Longest sequence the model attends over (GPT-2: 1024)."""
+    n_layer: int = 4
+    """Number of transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block; must divide n_embd."""
+    n_embd: int = 256
+    """Width of the residual stream."""
+    dropout: float = 0.0
+    """Dropout on embeddings, attention weights and residual branches (0 for small data or short runs)."""
+    qkv_bias: bool = False
+    """Add a bias to the query/key/value projections (GPT-2 has one)."""
+    bias: bool = True
+    """Bias in LayerNorms, MLP and output projections, as in GPT-2."""
+    tie_weights: bool = True
+    """Share the token embedding with the output head (GPT-2 does; saves vocab x n_embd parameters)."""
+
+    def __post_init__(self) -> None:
+        for name in ("context_length", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model {name} must be at least 1, got {getattr(self, name)}")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ConfigError(f"model vocab_size must be at least 1, got {self.vocab_size}")
+        if self.n_embd % self.n_head:
+            raise ConfigError(f"model n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def head_size(self) -> int:
+        return self.n_embd // self.n_head

@@ -1,0 +1,130 @@
+"""A decoder-only GPT: token + position embeddings, pre-LayerNorm blocks, a tied LM head.
+
+Shapes and structure follow GPT-2 so its weights map onto this model parameter for parameter
+(GPT-2's fused `c_attn` splits into `W_query`, `W_key`, `W_value`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .attention import KVCache, MultiHeadAttention
+from .config import GPTConfig
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: n_embd -> 4 n_embd -> GELU -> n_embd."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's approximation, so its weights behave
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    """x + attn(ln(x)), then x + mlp(ln(x)); dropout on each residual branch."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = MultiHeadAttention(
+            d_in=config.n_embd,
+            d_out=config.n_embd,
+            context_length=config.context_length,
+            dropout=config.dropout,
+            num_heads=config.n_head,
+            qkv_bias=config.qkv_bias,
+            proj_bias=config.bias,
+        )
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x), kv_cache=kv_cache))
+        return x + self.drop(self.mlp(self.ln_2(x)))
+
+
+class GPT(nn.Module):
+    """Token ids (B, T) in, next-token logits (B, T, vocab_size) out.
+
+    `config.vocab_size` must be set (the training module fills it from the tokenizer).
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("GPTConfig.vocab_size must be set before building the model")
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),
+                wpe=nn.Embedding(config.context_length, config.n_embd),
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.lm_head.weight = self.transformer.wte.weight
+        self.apply(self._init_weights)
+        # Each block adds two projections into the residual stream; scaling them keeps its
+        # variance from growing with depth (GPT-2 paper, section 2.3).
+        residual_std = 0.02 / math.sqrt(2 * config.n_layer)
+        for block in self.transformer.h:
+            nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=residual_std)
+            nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self, non_embedding: bool = True) -> int:
+        """Parameter count; by default without position embeddings (tied token embeddings count once)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+
+    def features(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
+        """Final hidden states (B, T, n_embd), before the LM head.
+
+        With `kv_caches` (one per block), `idx` continues the cached sequence: its positions
+        start after the cached ones.
+        """
+        _, t = idx.shape
+        start = kv_caches[0].length if kv_caches else 0
+        if start + t > self.config.context_length:
+            raise ValueError(
+                f"sequence of {start + t} tokens exceeds context length {self.config.context_length}"
+            )
+        pos = torch.arange(start, start + t, device=idx.device)  # (T,)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, kv_caches[i] if kv_caches else None)
+        return self.transformer.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
+        return self.lm_head(self.features(idx, kv_caches))  # (B, T, V)
+
+    def new_kv_caches(self, batch_size: int) -> list[KVCache]:
+        """Empty caches, one per block, on the model's device and dtype."""
+        param = self.lm_head.weight
+        c = self.config
+        return [
+            KVCache(
+                batch_size, c.n_head, c.context_length, c.head_size, device=param.device, dtype=param.dtype
+            )
+            for _ in range(c.n_layer)
+        ]

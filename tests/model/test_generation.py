@@ -1,0 +1,53 @@
+import pytest
+import torch
+from minigpt.model import GPT, GPTConfig, generate, generate_tokens
+
+
+@pytest.fixture(scope="module")
+def model() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=64, context_length=12, n_layer=2, n_head=2, n_embd=32)).eval()
+
+
+@pytest.mark.parametrize(
+    "sampling", [dict(temperature=0.0), dict(temperature=1.0, top_k=10), dict(top_p=0.9)]
+)
+def test_cached_and_uncached_generation_give_identical_tokens(model: GPT, sampling: dict) -> None:
+    prompt = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(1))
+    # 30 new tokens run well past the context of 12, through the sliding-window path.
+    cached = generate(
+        model, prompt, 30, use_cache=True, generator=torch.Generator().manual_seed(2), **sampling
+    )
+    uncached = generate(
+        model, prompt, 30, use_cache=False, generator=torch.Generator().manual_seed(2), **sampling
+    )
+    assert cached.shape == (2, 35)
+    assert torch.equal(cached, uncached)
+
+
+def test_greedy_generation_follows_the_argmax(model: GPT) -> None:
+    prompt = torch.tensor([[3, 1, 4]])
+    out = generate(model, prompt, 4, temperature=0.0)
+    for step in range(4):
+        context = out[:, : 3 + step]
+        assert out[0, 3 + step] == model(context)[0, -1].argmax()
+
+
+def test_stops_at_the_stop_token(model: GPT) -> None:
+    prompt = torch.tensor([[3, 1, 4]])
+    first = generate(model, prompt, 1, temperature=0.0)[0, -1].item()
+    steps = list(generate_tokens(model, prompt, 10, temperature=0.0, stop_token=first))
+    assert len(steps) == 1
+
+
+def test_long_prompt_is_cropped_from_the_left(model: GPT) -> None:
+    prompt = torch.randint(0, 64, (1, 40))
+    out = generate(model, prompt, 3, temperature=0.0)
+    assert torch.equal(out[:, -3:], generate(model, prompt[:, -12:], 3, temperature=0.0)[:, -3:])
+
+
+def test_zero_new_tokens_returns_the_prompt(model: GPT) -> None:
+    prompt = torch.tensor([[1, 2]])
+    assert torch.equal(generate(model, prompt, 0), prompt)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, prompt, -1)

@@ -1,0 +1,93 @@
+import math
+
+import pytest
+import torch
+from minigpt.model import GPT, ConfigError, GPTConfig
+from torch.testing import assert_close
+
+
+def tiny(**overrides) -> GPTConfig:
+    fields = dict(vocab_size=50, context_length=16, n_layer=2, n_head=2, n_embd=32)
+    return GPTConfig(**(fields | overrides))
+
+
+def test_forward_maps_ids_to_logits() -> None:
+    model = GPT(tiny())
+    logits = model(torch.randint(0, 50, (3, 11)))
+    assert logits.shape == (3, 11, 50)
+    assert logits.dtype == torch.float32
+
+
+def test_changing_a_future_token_never_changes_earlier_logits() -> None:
+    torch.manual_seed(0)
+    model = GPT(tiny()).eval()
+    ids = torch.randint(0, 50, (2, 16))
+    changed = ids.clone()
+    changed[:, 9] = (changed[:, 9] + 1) % 50
+    before, after = model(ids), model(changed)
+    assert_close(before[:, :9], after[:, :9])
+    assert not torch.allclose(before[:, 9:], after[:, 9:])
+
+
+def test_weights_are_tied_by_default_and_can_be_untied() -> None:
+    tied, untied = GPT(tiny()), GPT(tiny(tie_weights=False))
+    assert tied.lm_head.weight is tied.transformer.wte.weight
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    assert untied.num_parameters() - tied.num_parameters() == 50 * 32
+
+
+def test_gpt2_small_shape_has_gpt2_parameter_count() -> None:
+    # 124,439,808 is GPT-2 small's published parameter count (tied head, biases everywhere).
+    config = GPTConfig(
+        vocab_size=50257, context_length=1024, n_layer=12, n_head=12, n_embd=768, qkv_bias=True
+    )
+    with torch.device("meta"):
+        model = GPT(config)
+    assert model.num_parameters(non_embedding=False) == 124_439_808
+
+
+def test_residual_projections_use_scaled_init() -> None:
+    torch.manual_seed(0)
+    model = GPT(tiny(n_layer=8, n_embd=256, n_head=4))
+    std = model.transformer.h[0].mlp.c_proj.weight.std().item()
+    assert math.isclose(std, 0.02 / math.sqrt(16), rel_tol=0.05)
+    assert math.isclose(model.transformer.h[0].mlp.c_fc.weight.std().item(), 0.02, rel_tol=0.05)
+
+
+def test_state_dict_has_gpt2_style_names_and_no_mask() -> None:
+    keys = set(GPT(tiny()).state_dict())
+    assert {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight"} <= keys
+    assert {"transformer.h.0.attn.W_query.weight", "transformer.h.1.mlp.c_proj.weight"} <= keys
+    assert not any(k.endswith("mask") for k in keys)
+
+
+def test_overfits_one_batch() -> None:
+    torch.manual_seed(0)
+    model = GPT(tiny())
+    ids = torch.randint(0, 50, (4, 17))
+    x, y = ids[:, :-1], ids[:, 1:]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert loss.item() < 0.1
+
+
+def test_too_long_input_is_rejected() -> None:
+    with pytest.raises(ValueError, match="exceeds context length 16"):
+        GPT(tiny())(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(n_embd=30, n_head=4), "n_embd \\(30\\) must be divisible by n_head \\(4\\)"),
+        (dict(n_layer=0), "n_layer must be at least 1"),
+        (dict(dropout=1.0), "dropout"),
+    ],
+)
+def test_bad_config_names_the_problem(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        tiny(**overrides)
