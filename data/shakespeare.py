@@ -50,9 +50,9 @@ def _direction_marker(line: str) -> str | None:
 
 
 def _clean_spoken(line: str) -> str:
+    line = line.replace("_", "").replace("*", "")
     line = _INLINE_BRACKET.sub("", line)
-    line = _ESCAPE.sub(r"\1", line)  # markdown escapes such as "\--" stand for the character
-    return line.replace("_", "").replace("*", "").rstrip()
+    return _ESCAPE.sub(r"\1", line).rstrip()  # markdown escapes such as "\--" stand for the character
 
 
 def play_to_text(markdown: str) -> str:
