@@ -10,7 +10,8 @@ All reading goes through Hugging Face ``datasets``; every corpus comes out as a
 * Anything else that looks like ``owner/name`` is a dataset on the Hugging Face hub.
 
 Text files must be valid UTF-8: a file that is not raises DataError naming the file and the byte
-offset, because silently replacing bytes would train on text the user never wrote.
+offset, because silently replacing bytes would train on text the user never wrote. ``.txt`` files
+are read in text mode, so Windows line ends (``\r\n``) arrive as ``\n``.
 """
 
 from __future__ import annotations

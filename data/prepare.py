@@ -146,7 +146,7 @@ def _build(corpus: Corpus, config: DataConfig, directory: Path, key: str) -> Pre
             fn_kwargs={"tokenizer": tokenizer, "last_index": len(dataset) - 1},
             num_proc=min(config.num_proc, len(dataset)) if config.num_proc > 1 else None,
             cache_file_name=str(tmp / "tokens.arrow"),
-            new_fingerprint=key,  # avoids hashing the tokenizer; the key already identifies the work
+            new_fingerprint=key[:32],  # skips hashing the tokenizer; the key already names the work
             desc=f"tokenizing with {tokenizer.name}",
         )
         ids = tokenized.data.column("ids")
@@ -219,7 +219,7 @@ def prepare(
     Raises:
         DataError: For any problem with the source, tokenizer or corpus size.
     """
-    root = Path(config.cache_dir if cache_root is None else cache_root).expanduser()
+    root = Path(config.cache_dir if cache_root is None else cache_root).expanduser().resolve()
     corpus = resolve_corpus(config.source, config.text_column, config.split)
     key = _cache_key(corpus, config)
     directory = root / f"{corpus.slug}-{config.tokenizer}-{key[:16]}"

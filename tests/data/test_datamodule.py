@@ -1,0 +1,145 @@
+"""TextDataModule and its window datasets: targets, shapes, determinism and DDP sharding."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from minigpt.data import DataConfig, DataError, TextDataModule
+from torch.utils.data import DataLoader, DistributedSampler
+
+T = 16
+TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))
+
+
+@pytest.fixture
+def datamodule(tmp_path: Path, data_cache: Path) -> TextDataModule:
+    (tmp_path / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    dm = TextDataModule(DataConfig(source=str(tmp_path / "corpus.txt"), tokenizer="char", batch_size=4), T)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def test_batches_are_next_token_pairs_from_the_file(datamodule: TextDataModule) -> None:
+    x, y = next(iter(datamodule.train_dataloader()))
+    assert x.shape == y.shape == (4, T) and x.dtype == y.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    tokens = datamodule.prepared.tokens("train")
+    start = int(datamodule.train_dataset().offsets[0])
+    assert x[0].tolist() == tokens[start : start + T].tolist()
+    assert y[0].tolist() == tokens[start + 1 : start + T + 1].tolist()
+    assert datamodule.tokenizer.decode(x[0].tolist()) == TEXT[start : start + T]
+
+
+def test_train_windows_cover_the_split_once_per_epoch(datamodule: TextDataModule) -> None:
+    n = datamodule.prepared.num_tokens("train")
+    windows = datamodule.train_dataset()
+    assert len(windows) == n // T
+    assert windows.offsets.min() >= 0 and windows.offsets.max() <= n - T - 1
+    x, y = windows[int(np.argmax(windows.offsets))]  # the last possible window still has its target
+    assert x.shape == y.shape == (T,)
+
+
+def test_offsets_depend_only_on_seed_and_epoch(datamodule: TextDataModule, tmp_path: Path) -> None:
+    same = TextDataModule(datamodule.config, T)
+    same.setup()
+    assert np.array_equal(same.train_dataset().offsets, datamodule.train_dataset().offsets)
+    other_seed = TextDataModule(DataConfig(**{**datamodule.config.__dict__, "seed": 7}), T)
+    other_seed.setup()
+    assert not np.array_equal(other_seed.train_dataset().offsets, datamodule.train_dataset().offsets)
+    assert not np.array_equal(datamodule.train_dataset(1).offsets, datamodule.train_dataset(0).offsets)
+
+
+def test_loader_uses_the_trainer_epoch(datamodule: TextDataModule) -> None:
+    datamodule.trainer = SimpleNamespace(current_epoch=3)  # what Lightning attaches
+    loader = datamodule.train_dataloader()
+    assert np.array_equal(loader.dataset.offsets, datamodule.train_dataset(3).offsets)
+
+
+def test_validation_windows_are_fixed_and_back_to_back(datamodule: TextDataModule) -> None:
+    n = datamodule.prepared.num_tokens("val")
+    windows = datamodule.val_dataset()
+    assert windows.offsets.tolist() == list(range(0, (n - 1) // T * T, T))
+    targets = torch.cat([windows[i][1] for i in range(len(windows))])
+    tokens = datamodule.prepared.tokens("val")
+    assert targets.tolist() == tokens[1 : len(targets) + 1].tolist()  # every target scored once
+    batches = [b[0] for b in datamodule.val_dataloader()]
+    assert torch.equal(torch.cat(batches), torch.cat([b[0] for b in datamodule.val_dataloader()]))
+
+
+def test_distributed_sampler_gives_ranks_disjoint_windows(datamodule: TextDataModule) -> None:
+    dataset = datamodule.train_dataset()
+    # drop_last avoids the sampler's padding, which repeats a window to even out an odd count.
+    shares = [
+        list(DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=False, drop_last=True))
+        for rank in (0, 1)
+    ]
+    assert set(shares[0]).isdisjoint(shares[1])
+    assert len(shares[0]) == len(shares[1]) == len(dataset) // 2
+    offsets = [{int(dataset.offsets[i]) for i in share} for share in shares]
+    assert offsets[0] != offsets[1]
+
+
+def test_worker_processes_read_the_memmap(datamodule: TextDataModule) -> None:
+    loader = DataLoader(datamodule.train_dataset(), batch_size=4, num_workers=1)
+    x, y = next(iter(loader))
+    assert torch.equal(x[:, 1:], y[:, :-1])
+    assert datamodule.train_dataset().__getstate__()["_tokens"] is None  # workers get a path, not the data
+
+
+def test_loader_settings(datamodule: TextDataModule) -> None:
+    loader = datamodule.train_dataloader()
+    assert loader.batch_size == 4 and loader.drop_last and loader.num_workers == 0
+    assert not loader.persistent_workers and loader.pin_memory == torch.cuda.is_available()
+    assert not isinstance(loader.sampler, torch.utils.data.RandomSampler)
+
+
+def test_tokenizer_before_setup_is_a_clear_error() -> None:
+    datamodule = TextDataModule(DataConfig(source="nowhere.txt"), 8)  # no I/O until prepare/setup
+    with pytest.raises(RuntimeError, match="setup"):
+        datamodule.tokenizer  # noqa: B018
+
+
+def test_too_short_for_the_context_fails_in_prepare_data(tmp_path: Path, data_cache: Path) -> None:
+    (tmp_path / "tiny.txt").write_text("abc" * 20, encoding="utf-8")
+    datamodule = TextDataModule(DataConfig(source=str(tmp_path / "tiny.txt"), tokenizer="char"), 64)
+    with pytest.raises(DataError, match="has 54 tokens but context_length 64 needs at least 65"):
+        datamodule.prepare_data()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("val_fraction", 0.0, "val_fraction must be between 0 and 1"),
+        ("val_fraction", 1.0, "val_fraction must be between 0 and 1"),
+        ("batch_size", 0, "batch_size must be at least 1"),
+        ("num_workers", -1, "num_workers must be 0 or more"),
+        ("num_proc", 0, "num_proc must be at least 1"),
+        ("tokenizer", "bpe", "unknown tokenizer 'bpe'; valid names: gpt2, char"),
+        ("source", "", "source must not be empty"),
+    ],
+)
+def test_config_validation(field: str, value: object, message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        DataConfig(**{field: value})
+    with pytest.raises(DataError, match="context_length must be at least 1"):
+        TextDataModule(DataConfig(), 0)
+
+
+def test_data_package_never_imports_model_or_training() -> None:
+    package = Path(__file__).parents[2] / "data"
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                assert not name.startswith(("minigpt.model", "minigpt.training", "model", "training")), path

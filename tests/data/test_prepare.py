@@ -1,0 +1,130 @@
+"""prepare(): token files with the right dtype and counts, exact round trips, caching and size checks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from minigpt.data import CharTokenizer, DataConfig, DataError, GPT2Tokenizer, PreparedData, prepare
+
+DOCS = ["The first story.\nIt ends here.", "A second, shorter one 🙂", "Third: <|endoftext|> is just text."]
+
+
+def _jsonl(path: Path, docs: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs), encoding="utf-8")
+    return path
+
+
+def _all_tokens(prepared: PreparedData) -> np.ndarray:
+    return np.concatenate([prepared.tokens("train"), prepared.tokens("val")])
+
+
+def test_gpt2_documents_joined_by_endoftext(tmp_path: Path, data_cache: Path, gpt2: GPT2Tokenizer) -> None:
+    config = DataConfig(source=str(_jsonl(tmp_path / "d.jsonl", DOCS)), val_fraction=0.25)
+    prepared = prepare(config)
+    assert prepared.directory.parent == data_cache  # config.cache_dir, relative to the working directory
+    expected = [i for doc in DOCS for i in gpt2.encode(doc) + [50256]][:-1]
+    tokens = _all_tokens(prepared)
+    assert tokens.dtype == np.uint16 and prepared.meta["dtype"] == "uint16"
+    assert tokens.tolist() == expected
+    assert prepared.num_tokens("val") == round(len(expected) * 0.25)
+    assert prepared.num_tokens("train") == len(expected) - prepared.num_tokens("val")
+    assert gpt2.decode(tokens.tolist()) == "<|endoftext|>".join(DOCS)
+    meta = json.loads((prepared.directory / "meta.json").read_text())
+    assert meta["tokenizer"] == gpt2.spec() and meta["documents"] == 3 and meta["format_version"] == 1
+    assert sorted(p.name for p in prepared.directory.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_char_text_file_round_trip(tmp_path: Path, data_cache: Path) -> None:
+    text = "To be, or not to be: that is the question:\n" * 20
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    prepared = prepare(DataConfig(source=str(tmp_path / "t.txt"), tokenizer="char"))
+    tokenizer = prepared.tokenizer()
+    assert isinstance(tokenizer, CharTokenizer) and tokenizer.chars == "".join(sorted(set(text)))
+    assert prepared.num_tokens("train") + prepared.num_tokens("val") == len(text)
+    assert tokenizer.decode(_all_tokens(prepared).tolist()) == text
+    # The validation split is the end of the stream.
+    assert tokenizer.decode(prepared.tokens("val").tolist()) == text[-prepared.num_tokens("val") :]
+
+
+def test_large_vocabulary_uses_uint32(tmp_path: Path, data_cache: Path) -> None:
+    text = "".join(chr(c) for c in range(0x4E00, 0x4E00 + 70_000) if not 0xD800 <= c < 0xE000)
+    (tmp_path / "wide.txt").write_text(text, encoding="utf-8")
+    prepared = prepare(DataConfig(source=str(tmp_path / "wide.txt"), tokenizer="char"))
+    assert prepared.meta["dtype"] == "uint32" and prepared.tokens("train").dtype == np.uint32
+    assert _all_tokens(prepared).max() > 65535
+    assert prepared.tokenizer().decode(_all_tokens(prepared).tolist()) == text
+
+
+def test_second_call_is_a_cache_hit(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _jsonl(tmp_path / "d.jsonl", DOCS)
+    first = prepare(DataConfig(source=str(source)))
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("re-tokenized on a cache hit")
+
+    monkeypatch.setattr(GPT2Tokenizer, "encode_to_arrays", refuse)
+    monkeypatch.setattr(GPT2Tokenizer, "__init__", refuse)
+    second = prepare(DataConfig(source=str(source)))
+    assert second.directory == first.directory and second.meta == first.meta
+
+
+def test_inputs_that_change_the_bytes_change_the_folder(tmp_path: Path, data_cache: Path) -> None:
+    source = _jsonl(tmp_path / "d.jsonl", DOCS)
+    base = prepare(DataConfig(source=str(source))).directory
+    assert prepare(DataConfig(source=str(source), val_fraction=0.2)).directory != base
+    assert prepare(DataConfig(source=str(source), tokenizer="char")).directory != base
+    _jsonl(source, DOCS[:2])
+    assert prepare(DataConfig(source=str(source))).directory != base
+
+
+def test_too_short_split_says_how_many_tokens(tmp_path: Path, data_cache: Path) -> None:
+    (tmp_path / "t.txt").write_text("abcdefghij" * 10, encoding="utf-8")
+    config = DataConfig(source=str(tmp_path / "t.txt"), tokenizer="char", val_fraction=0.1)
+    with pytest.raises(
+        DataError, match="the val split of .* has 10 tokens but context_length 32 needs at least 33"
+    ):
+        prepare(config, context_length=32)
+    with pytest.raises(
+        DataError, match="the train split of .* has 90 tokens but context_length 128 needs at least 129"
+    ):
+        prepare(config, context_length=128)
+    prepare(config, context_length=9)
+
+
+def test_empty_text_is_rejected(tmp_path: Path, data_cache: Path) -> None:
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match="contains no text|has no rows"):
+        prepare(DataConfig(source=str(tmp_path / "empty.txt")))
+
+
+def test_failure_leaves_no_folder_that_looks_prepared(
+    tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def crash(*args: object) -> None:
+        raise RuntimeError("crash mid-tokenization")
+
+    monkeypatch.setattr(GPT2Tokenizer, "encode_to_arrays", crash)
+    with pytest.raises(RuntimeError, match="crash mid-tokenization"):
+        prepare(DataConfig(source=str(_jsonl(tmp_path / "d.jsonl", DOCS))))
+    assert [p.name for p in data_cache.iterdir() if p.name != "datasets"] == []
+
+
+def test_tampered_folder_is_detected(tmp_path: Path, data_cache: Path) -> None:
+    config = DataConfig(source=str(_jsonl(tmp_path / "d.jsonl", DOCS)))
+    prepared = prepare(config)
+    with open(prepared.directory / "train.bin", "ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(DataError, match="does not match meta.json; delete"):
+        prepare(config)
+
+
+def test_several_processes_give_the_same_tokens(tmp_path: Path, gpt2: GPT2Tokenizer) -> None:
+    source = str(_jsonl(tmp_path / "d.jsonl", DOCS * 4))
+    one = prepare(DataConfig(source=source), tmp_path / "one")
+    two = prepare(DataConfig(source=source, num_proc=2), tmp_path / "two")
+    assert _all_tokens(two).tolist() == _all_tokens(one).tolist()
