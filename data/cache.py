@@ -51,6 +51,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes files private; a cache may be shared by a team
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

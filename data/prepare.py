@@ -135,7 +135,8 @@ def _build(corpus: Corpus, config: DataConfig, directory: Path, key: str) -> Pre
     tmp = directory.parent / f".tmp-{directory.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
-        dataset = corpus.load(directory.parent / "datasets")
+        # datasets' Arrow copy of local files lives in the temporary folder and goes with it.
+        dataset = corpus.load(tmp / "datasets")
         texts = (text for batch in dataset.iter(batch_size=1000) for text in batch["text"])
         tokenizer = build_tokenizer(config.tokenizer, tokenizer_path=config.tokenizer_path, texts=texts)
         tokenized = dataset.map(
@@ -165,6 +166,7 @@ def _build(corpus: Corpus, config: DataConfig, directory: Path, key: str) -> Pre
                 values[head:].tofile(val)
                 room -= head
         text_bytes = int(pc.sum(pc.binary_length(dataset.data.column("text"))).as_py() or 0)
+        documents = len(dataset)
         meta = {
             "format_version": FORMAT_VERSION,
             "source": corpus.description,
@@ -173,13 +175,15 @@ def _build(corpus: Corpus, config: DataConfig, directory: Path, key: str) -> Pre
             "dtype": dtype.name,
             "train_tokens": counts["train"],
             "val_tokens": counts["val"],
-            "documents": len(dataset),
+            "documents": documents,
             "text_bytes": text_bytes,
             "val_fraction": config.val_fraction,
         }
-        del tokenized, ids
+        del dataset, tokenized, ids
         for path in tmp.iterdir():
-            if path.name not in ("train.bin", "val.bin"):
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.name not in ("train.bin", "val.bin"):
                 path.unlink()
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         try:

@@ -6,6 +6,7 @@ import ast
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -143,3 +144,44 @@ def test_data_package_never_imports_model_or_training() -> None:
                 continue
             for name in names:
                 assert not name.startswith(("minigpt.model", "minigpt.training", "model", "training")), path
+
+
+class _Counter(L.LightningModule):
+    """The smallest module that trains on the batches and records which windows each epoch saw."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(vocab_size, vocab_size)
+        self.first_inputs: list[list[int]] = []
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        if batch_idx == 0:
+            self.first_inputs.append(x[0].tolist())
+        logits = self.embedding(x)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.embedding(x).flatten(0, 1), y.flatten()))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_lightning_fit_draws_fresh_windows_each_epoch(datamodule: TextDataModule) -> None:
+    module = _Counter(datamodule.vocab_size)
+    trainer = L.Trainer(
+        max_epochs=2,
+        limit_train_batches=2,
+        limit_val_batches=1,
+        reload_dataloaders_every_n_epochs=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, datamodule=datamodule)
+    assert len(module.first_inputs) == 2 and module.first_inputs[0] != module.first_inputs[1]
+    assert torch.isfinite(trainer.callback_metrics["val_loss"])

@@ -35,6 +35,7 @@ def test_gpt2_documents_joined_by_endoftext(tmp_path: Path, data_cache: Path, gp
     meta = json.loads((prepared.directory / "meta.json").read_text())
     assert meta["tokenizer"] == gpt2.spec() and meta["documents"] == 3 and meta["format_version"] == 1
     assert sorted(p.name for p in prepared.directory.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+    assert [p.name for p in data_cache.iterdir()] == [prepared.directory.name]  # no Arrow copies left
 
 
 def test_char_text_file_round_trip(tmp_path: Path, data_cache: Path) -> None:
@@ -111,7 +112,7 @@ def test_failure_leaves_no_folder_that_looks_prepared(
     monkeypatch.setattr(GPT2Tokenizer, "encode_to_arrays", crash)
     with pytest.raises(RuntimeError, match="crash mid-tokenization"):
         prepare(DataConfig(source=str(_jsonl(tmp_path / "d.jsonl", DOCS))))
-    assert [p.name for p in data_cache.iterdir() if p.name != "datasets"] == []
+    assert list(data_cache.iterdir()) == []
 
 
 def test_tampered_folder_is_detected(tmp_path: Path, data_cache: Path) -> None:
