@@ -46,19 +46,21 @@ class TextDataModule(L.LightningDataModule):
         self._tokenizer: Tokenizer | None = None
 
     def prepare_data(self) -> None:
-        prepare(self.config, context_length=self.context_length)
+        # Kept only as a shortcut for setup() in this same process; other ranks find the files
+        # again through prepare()'s cache.
+        self._prepared = prepare(self.config, context_length=self.context_length)
 
     def setup(self, stage: str | None = None) -> None:
-        if self._prepared is not None:
+        if self._tokenizer is not None:
             return
-        prepared = prepare(self.config, context_length=self.context_length)
-        self._tokenizer = prepared.tokenizer(self.config.tokenizer_path)
-        self._prepared = prepared
+        if self._prepared is None:
+            self._prepared = prepare(self.config, context_length=self.context_length)
+        self._tokenizer = self._prepared.tokenizer(self.config.tokenizer_path)
 
     @property
     def prepared(self) -> PreparedData:
         """The prepared files in use (after :meth:`setup`)."""
-        if self._prepared is None:
+        if self._prepared is None or self._tokenizer is None:
             raise RuntimeError("TextDataModule.setup() must run before its data is used")
         return self._prepared
 

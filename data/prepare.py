@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from .config import DataConfig
@@ -77,8 +79,10 @@ class PreparedData:
         """Number of tokens in ``split`` ("train" or "val")."""
         return int(self.meta[f"{split}_tokens"])
 
-    def tokens(self, split: str) -> np.memmap:
+    def tokens(self, split: str) -> np.ndarray:
         """Read-only memory map of ``split``'s token ids, shape ``(num_tokens(split),)``."""
+        if self.num_tokens(split) == 0:
+            return np.zeros(0, dtype=self.meta["dtype"])  # an empty file cannot be memory-mapped
         return np.memmap(self.directory / f"{split}.bin", dtype=self.meta["dtype"], mode="r")
 
     def tokenizer(self, tokenizer_path: str | None = None) -> Tokenizer:
@@ -119,8 +123,11 @@ def _cache_key(corpus: Corpus, config: DataConfig) -> str:
 def _encode_documents(
     batch: dict[str, list[str]], indices: list[int], tokenizer: Tokenizer, last_index: int
 ) -> dict[str, list[np.ndarray]]:
-    """datasets.map function: one uint32 id array per document, end-of-text after all but the last."""
-    ids = tokenizer.encode_to_arrays(batch["text"])
+    """datasets.map function: one uint32 id array per document, end-of-text after all but the last.
+
+    A null text (common in JSON and parquet data) is an empty document.
+    """
+    ids = tokenizer.encode_to_arrays([text or "" for text in batch["text"]])
     if tokenizer.eot_id is not None:
         eot = np.array([tokenizer.eot_id], dtype=np.uint32)
         ids = [
@@ -130,6 +137,52 @@ def _encode_documents(
     return {"ids": ids}
 
 
+def _tokenize(
+    dataset: datasets.Dataset, tokenizer: Tokenizer, num_proc: int, folder: Path, key: str
+) -> pa.ChunkedArray:
+    """Token ids of every document, as Arrow lists of uint32 written under ``folder``."""
+    tokenized = dataset.map(
+        _encode_documents,
+        batched=True,
+        with_indices=True,
+        remove_columns=["text"],
+        fn_kwargs={"tokenizer": tokenizer, "last_index": len(dataset) - 1},
+        num_proc=min(num_proc, len(dataset)) if num_proc > 1 else None,
+        cache_file_name=str(folder / "tokens.arrow"),
+        new_fingerprint=key[:32],  # skips hashing the tokenizer; the key already names the work
+        desc=f"tokenizing with {tokenizer.name}",
+    )
+    return tokenized.data.column("ids")
+
+
+def _write_splits(ids: pa.ChunkedArray, num_train: int, dtype: np.dtype, folder: Path) -> None:
+    """Stream the ids into ``train.bin`` (the first ``num_train``) and ``val.bin`` (the rest)."""
+    with open(folder / "train.bin", "wb") as train, open(folder / "val.bin", "wb") as val:
+        room = num_train
+        for chunk in ids.chunks:
+            values = chunk.flatten().to_numpy().astype(dtype)
+            head = min(room, len(values))
+            values[:head].tofile(train)
+            values[head:].tofile(val)
+            room -= head
+
+
+def _publish(tmp: Path, directory: Path, meta: dict[str, Any]) -> None:
+    """Keep only the token files, add ``meta.json`` last, and rename the folder into place."""
+    for path in tmp.iterdir():
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.name not in ("train.bin", "val.bin"):
+            path.unlink()
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    try:
+        os.rename(tmp, directory)
+    except OSError:
+        if not (directory / META_FILE).is_file():
+            raise
+        shutil.rmtree(tmp)  # another process finished the same work first
+
+
 def _build(corpus: Corpus, config: DataConfig, directory: Path, key: str) -> PreparedData:
     start = time.perf_counter()
     tmp = directory.parent / f".tmp-{directory.name}-{uuid.uuid4().hex[:8]}"
@@ -137,61 +190,29 @@ def _build(corpus: Corpus, config: DataConfig, directory: Path, key: str) -> Pre
     try:
         # datasets' Arrow copy of local files lives in the temporary folder and goes with it.
         dataset = corpus.load(tmp / "datasets")
-        texts = (text for batch in dataset.iter(batch_size=1000) for text in batch["text"])
+        texts = (text or "" for batch in dataset.iter(batch_size=1000) for text in batch["text"])
         tokenizer = build_tokenizer(config.tokenizer, tokenizer_path=config.tokenizer_path, texts=texts)
-        tokenized = dataset.map(
-            _encode_documents,
-            batched=True,
-            with_indices=True,
-            remove_columns=["text"],
-            fn_kwargs={"tokenizer": tokenizer, "last_index": len(dataset) - 1},
-            num_proc=min(config.num_proc, len(dataset)) if config.num_proc > 1 else None,
-            cache_file_name=str(tmp / "tokens.arrow"),
-            new_fingerprint=key[:32],  # skips hashing the tokenizer; the key already names the work
-            desc=f"tokenizing with {tokenizer.name}",
-        )
-        ids = tokenized.data.column("ids")
+        ids = _tokenize(dataset, tokenizer, config.num_proc, tmp, key)
         total = int(pc.sum(pc.list_value_length(ids)).as_py() or 0)
         if total == 0:
             raise DataError(f"{corpus.description} contains no text")
-        counts = {"val": round(total * config.val_fraction)}
-        counts["train"] = total - counts["val"]
+        num_val = round(total * config.val_fraction)
         dtype = np.dtype(np.uint16 if tokenizer.n_vocab <= 1 << 16 else np.uint32)
-        with open(tmp / "train.bin", "wb") as train, open(tmp / "val.bin", "wb") as val:
-            room = counts["train"]
-            for chunk in ids.chunks:
-                values = chunk.flatten().to_numpy().astype(dtype)
-                head = min(room, len(values))
-                values[:head].tofile(train)
-                values[head:].tofile(val)
-                room -= head
-        text_bytes = int(pc.sum(pc.binary_length(dataset.data.column("text"))).as_py() or 0)
-        documents = len(dataset)
+        _write_splits(ids, total - num_val, dtype, tmp)
         meta = {
             "format_version": FORMAT_VERSION,
             "source": corpus.description,
             "source_fingerprint": corpus.fingerprint,
             "tokenizer": tokenizer.spec(),
             "dtype": dtype.name,
-            "train_tokens": counts["train"],
-            "val_tokens": counts["val"],
-            "documents": documents,
-            "text_bytes": text_bytes,
+            "train_tokens": total - num_val,
+            "val_tokens": num_val,
+            "documents": len(dataset),
+            "text_bytes": int(pc.sum(pc.binary_length(dataset.data.column("text"))).as_py() or 0),
             "val_fraction": config.val_fraction,
         }
-        del dataset, tokenized, ids
-        for path in tmp.iterdir():
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.name not in ("train.bin", "val.bin"):
-                path.unlink()
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
-        try:
-            os.rename(tmp, directory)
-        except OSError:
-            if not (directory / META_FILE).is_file():
-                raise
-            shutil.rmtree(tmp)  # another process finished the same work first
+        del dataset, ids  # release the memory-mapped Arrow files before deleting them
+        _publish(tmp, directory, meta)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -199,11 +220,11 @@ def _build(corpus: Corpus, config: DataConfig, directory: Path, key: str) -> Pre
     logger.info(
         "prepared %s: %d train + %d val tokens, %.1f MB of text in %.1f s (%.1f MB/s) -> %s",
         corpus.description,
-        counts["train"],
-        counts["val"],
-        text_bytes / 1e6,
+        meta["train_tokens"],
+        meta["val_tokens"],
+        meta["text_bytes"] / 1e6,
         seconds,
-        text_bytes / 1e6 / seconds,
+        meta["text_bytes"] / 1e6 / seconds,
         directory,
     )
     return PreparedData.open(directory)

@@ -38,6 +38,17 @@ def test_gpt2_documents_joined_by_endoftext(tmp_path: Path, data_cache: Path, gp
     assert [p.name for p in data_cache.iterdir()] == [prepared.directory.name]  # no Arrow copies left
 
 
+def test_null_texts_are_empty_documents(tmp_path: Path, data_cache: Path, gpt2: GPT2Tokenizer) -> None:
+    lines = ['{"text": "alpha"}', '{"text": null}', '{"text": "beta"}']
+    (tmp_path / "n.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    for tokenizer in ("gpt2", "char"):
+        prepared = prepare(DataConfig(source=str(tmp_path / "n.jsonl"), tokenizer=tokenizer))
+        separator = "<|endoftext|>" if tokenizer == "gpt2" else ""
+        assert prepared.tokenizer().decode(_all_tokens(prepared).tolist()) == separator.join(
+            ["alpha", "", "beta"]
+        )
+
+
 def test_char_text_file_round_trip(tmp_path: Path, data_cache: Path) -> None:
     text = "To be, or not to be: that is the question:\n" * 20
     (tmp_path / "t.txt").write_text(text, encoding="utf-8")
