@@ -14,7 +14,7 @@ class GPTConfig:
     """Shape of a decoder-only GPT. The defaults are a small model that trains on a laptop CPU."""
 
     vocab_size: int | None = None
-    """Rows of the token embedding. None takes the tokenizer's size; a larger value pads the table (e.g. 50304)."""
+    """Token embedding rows. None: the tokenizer's size; a larger value pads the table (e.g. 50304)."""
     context_length: int = 128
     """Longest sequence the model attends over (GPT-2: 1024)."""
     n_layer: int = 4

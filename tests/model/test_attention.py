@@ -2,8 +2,9 @@ import math
 
 import pytest
 import torch
-from minigpt.model import KVCache, MultiHeadAttention
 from torch.testing import assert_close
+
+from minigpt.model import KVCache, MultiHeadAttention
 
 # "Your journey starts with one step", 3-d embeddings from the reference text.
 INPUTS = torch.tensor(

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from minigpt.model import GPT, GPTConfig, generate, generate_tokens
 
 

@@ -2,8 +2,9 @@ import math
 
 import pytest
 import torch
-from minigpt.model import GPT, ConfigError, GPTConfig
 from torch.testing import assert_close
+
+from minigpt.model import GPT, ConfigError, GPTConfig
 
 
 def tiny(**overrides) -> GPTConfig:

@@ -1,5 +1,6 @@
 import pytest
 import torch
+
 from minigpt.model import sample_next, top_k_filter, top_p_filter
 
 LOGITS = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 5.0, 1.0]])

@@ -1,0 +1,137 @@
+"""The train.py command line: config files, overrides, --print_config and one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from minigpt.data import TextDataModule
+from minigpt.training.cli import CONFIG_DIRS, MiniGPTCLI, UsageError, resolve_config_args, train_main
+from minigpt.training.lit import LitGPT
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+def parse(*args: str) -> MiniGPTCLI:
+    """Parse (and instantiate) a command line without training."""
+    from lightning.pytorch.cli import LightningCLI
+
+    class ParseOnly(MiniGPTCLI):
+        def instantiate_trainer(self, **kwargs):  # no loggers, no output folder
+            return LightningCLI.instantiate_trainer(self, logger=False, **kwargs)
+
+    return ParseOnly(
+        LitGPT,
+        TextDataModule,
+        run=False,
+        args=resolve_config_args(list(args)),
+        parser_kwargs={"exit_on_error": False},
+    )
+
+
+def test_there_are_configs() -> None:
+    assert {p.name for p in CONFIGS} >= {"tiny.yaml", "small.yaml", "gpt2-124m.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_config_parses_into_typed_objects(path: Path) -> None:
+    raw = yaml.safe_load(path.read_text())
+    cli = parse(
+        "--config",
+        str(path),
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "1",
+        "--trainer.strategy",
+        "auto",
+    )
+    model, data = cli.model, cli.datamodule
+    assert model.gpt_config.n_layer == raw["model"]["gpt"]["n_layer"]
+    assert model.gpt_config.n_embd == raw["model"]["gpt"]["n_embd"]
+    assert model.optim_config.lr == pytest.approx(raw["model"]["optim"]["lr"])
+    assert data.config.source == raw["data"]["config"]["source"]
+    # The data windows always match the model's context.
+    assert data.context_length == model.gpt_config.context_length
+    assert cli.trainer.max_steps == raw["trainer"]["max_steps"]
+
+
+def test_a_bare_config_name_resolves_in_configs() -> None:
+    assert resolve_config_args(["--config", "small.yaml"]) == [
+        "--config",
+        str(REPO / "configs" / "small.yaml"),
+    ]
+    assert resolve_config_args(["--config=tiny"]) == ["--config=" + str(REPO / "configs" / "tiny.yaml")]
+    assert CONFIG_DIRS[-1] == REPO / "configs"
+
+
+def test_overrides_after_the_config_win() -> None:
+    cli = parse(
+        "--config",
+        "tiny.yaml",
+        "--model.gpt.n_layer",
+        "3",
+        "--model.gpt.context_length",
+        "32",
+        "--data.config.batch_size",
+        "4",
+        "--trainer.max_steps",
+        "7",
+    )
+    assert cli.model.gpt_config.n_layer == 3
+    assert cli.datamodule.context_length == 32
+    assert cli.datamodule.config.batch_size == 4
+    assert cli.trainer.max_steps == 7
+
+
+def test_print_config_shows_every_section(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["--config", "tiny.yaml", "--print_config"])
+    assert exit_info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert {"trainer", "model", "data", "wandb", "ckpt_path", "seed_everything"} <= set(printed)
+    assert printed["model"]["gpt"]["n_layer"] == 2
+    assert {"lr", "warmup_steps", "weight_decay"} <= set(printed["model"]["optim"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "no-such.yaml"], "config file not found: no-such.yaml"),
+        (["--config", "tiny.yaml", "--model.gpt.n_layr", "3"], "n_layr"),
+        (["--config", "tiny.yaml", "--model.gpt.n_layer", "three"], "n_layer"),
+        (
+            ["--config", "tiny.yaml", "--model.gpt.n_embd", "100", "--model.gpt.n_head", "3"],
+            "n_embd (100) must be divisible by n_head (3)",
+        ),
+        (["--config", "tiny.yaml", "--data.config.tokenizer", "bpe"], "unknown tokenizer 'bpe'"),
+    ],
+)
+def test_bad_command_lines_get_one_line_and_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert train_main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("error: ") and message in err[0]
+    assert not any(tmp_path.iterdir())  # nothing was written
+
+
+def test_yaml_syntax_error_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  gpt: {n_layer: 2\n")
+    monkeypatch.chdir(tmp_path)
+    assert train_main(["--config", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+
+
+def test_missing_config_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        resolve_config_args(["--config", "definitely-missing.yaml"])

@@ -1,0 +1,36 @@
+import pytest
+
+from minigpt.training.cli import UsageError, wandb_mode
+from minigpt.training.config import WandbConfig
+
+
+@pytest.fixture
+def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+
+
+def test_auto_is_offline_without_credentials(no_credentials: None) -> None:
+    assert wandb_mode(WandbConfig(mode="auto")) == "offline"
+
+
+def test_auto_is_online_with_an_api_key(no_credentials: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode(WandbConfig(mode="auto")) == "online"
+
+
+def test_auto_is_online_with_a_netrc_entry(no_credentials: None, tmp_path) -> None:
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "k" * 40 + "\n")
+    (tmp_path / "netrc").chmod(0o600)
+    assert wandb_mode(WandbConfig(mode="auto")) == "online"
+
+
+def test_wandb_mode_env_overrides_auto(no_credentials: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode(WandbConfig(mode="auto")) == "disabled"
+
+
+def test_online_without_credentials_is_an_error_not_a_prompt(no_credentials: None) -> None:
+    with pytest.raises(UsageError, match="wandb login"):
+        wandb_mode(WandbConfig(mode="online"))

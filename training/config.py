@@ -1,0 +1,79 @@
+"""Typed configuration of what happens around the model: optimisation, samples, logging."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from minigpt.model import ConfigError
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warmup and cosine decay to `min_lr` over `trainer.max_steps`."""
+
+    lr: float = 1e-3
+    """Peak learning rate, reached after `warmup_steps`."""
+    min_lr: float = 1e-4
+    """Learning rate at the end of the cosine decay."""
+    warmup_steps: int = 100
+    """Optimizer steps of linear warmup from 0 to `lr`."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay, applied to weight matrices and embeddings only (not biases or norms)."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2 (0.95 as in GPT-3/nanoGPT; steadier than 0.999 for language models)."""
+    fused: bool = True
+    """Use PyTorch's fused AdamW kernel where the device supports it (much faster on CPU and CUDA)."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"optim lr must be positive, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ConfigError(f"optim min_lr must be in [0, lr={self.lr}], got {self.min_lr}")
+        if self.warmup_steps < 0:
+            raise ConfigError(f"optim warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"optim weight_decay must be >= 0, got {self.weight_decay}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"optim {name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """A short sample generated at every validation, printed and logged to a table."""
+
+    prompt: str = "\n"
+    """Text the sample continues."""
+    max_new_tokens: int = 100
+    """Tokens to generate; 0 turns samples off."""
+    temperature: float = 0.8
+    """Softmax temperature; 0 is greedy."""
+    top_k: int | None = 200
+    """Sample only among the k most likely tokens (None: all)."""
+    seed: int = 1337
+    """Seed of the sampler, so samples from different steps are comparable."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise ConfigError(f"sample max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"sample temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"sample top_k must be >= 1, got {self.top_k}")
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    """The Weights & Biases dashboard. A CSV log is always written beside it."""
+
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+    """auto: online when logged in (WANDB_API_KEY or a netrc entry), else offline; never prompts."""
+    project: str = "minigpt"
+    """wandb project name."""
+    name: str | None = None
+    """Run name shown in the dashboard (default: wandb's generated name)."""
+    entity: str | None = None
+    """wandb team or user (default: your default entity)."""

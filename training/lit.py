@@ -1,0 +1,175 @@
+"""The LightningModule: a thin adapter that trains `minigpt.model.GPT` on token windows.
+
+It owns what lives outside the network: the loss, the optimizer and schedule, and samples at
+validation. It is the one place that knows both the model and the tokenizer, so it also
+records the tokenizer in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, replace
+from typing import Any
+
+import lightning as L
+import torch
+
+from minigpt.model import GPT, ConfigError, GPTConfig, generate
+
+from .config import OptimConfig, SampleConfig
+from .loss import fused_linear_cross_entropy, next_token_loss
+from .optim import build_optimizer, build_scheduler
+
+CHECKPOINT_KEY = "minigpt"
+"""Checkpoint entry holding what is needed to rebuild the model without this module."""
+
+
+class LitGPT(L.LightningModule):
+    """Trains a GPT. The network is built in `configure_model`, once the tokenizer is known."""
+
+    def __init__(
+        self,
+        gpt: GPTConfig = GPTConfig(),
+        optim: OptimConfig = OptimConfig(),
+        sample: SampleConfig = SampleConfig(),
+        fused_loss: bool = True,
+    ) -> None:
+        """
+        Args:
+            gpt: Shape of the network.
+            optim: Optimizer and learning-rate schedule.
+            sample: The sample generated at each validation.
+            fused_loss: Compute the LM head and the loss a chunk of rows at a time, never holding
+                the full logits (same result; faster and far smaller with a large vocabulary).
+        """
+        super().__init__()
+        # Plain dicts, so checkpoints load with torch.load(weights_only=True).
+        self.save_hyperparameters(
+            {"gpt": asdict(gpt), "optim": asdict(optim), "sample": asdict(sample), "fused_loss": fused_loss}
+        )
+        self.fused_loss = fused_loss
+        self.gpt_config = gpt
+        self.optim_config = optim
+        self.sample_config = sample
+        self.model: GPT | None = None
+        self.tokenizer_spec: dict[str, Any] | None = None
+        self._val_loss_sum = 0.0
+        self._val_batches = 0
+        self.samples: list[list[Any]] = []
+        """Rows (step, text) of the samples so far, for the dashboard's table."""
+
+    # -- building ---------------------------------------------------------------------------
+
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        tokenizer = self.trainer.datamodule.tokenizer
+        vocab_size = self.gpt_config.vocab_size or tokenizer.n_vocab
+        if vocab_size < tokenizer.n_vocab:
+            raise ConfigError(
+                f"model vocab_size {vocab_size} is smaller than the tokenizer's {tokenizer.n_vocab} tokens"
+            )
+        self.gpt_config = replace(self.gpt_config, vocab_size=vocab_size)
+        self.tokenizer_spec = tokenizer.spec()
+        self.model = GPT(self.gpt_config)
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = build_optimizer(self.model, self.optim_config)
+        scheduler = build_scheduler(optimizer, self.optim_config, self.trainer.estimated_stepping_batches)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of the model on inputs x (B, T) and targets y (B, T)."""
+        if self.fused_loss:
+            return fused_linear_cross_entropy(self.model.features(x), self.model.lm_head.weight, y)
+        return next_token_loss(self.model(x), y)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = self.loss(x, y)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        loss = self.loss(x, y)
+        # Mean over batches and, under DDP, over ranks.
+        self.log("val_loss", loss, prog_bar=True, sync_dist=True)
+        self._val_loss_sum += loss.item()
+        self._val_batches += 1
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_loss_sum, self._val_batches = 0.0, 0
+
+    def on_validation_epoch_end(self) -> None:
+        if self._val_batches:
+            local_mean = torch.tensor(self._val_loss_sum / self._val_batches, device=self.device)
+            mean = float(self.trainer.strategy.reduce(local_mean, reduce_op="mean"))
+            # Perplexity of the mean loss (not the mean of per-batch perplexities).
+            self.log("val_ppl", math.exp(min(mean, 50.0)))
+        if self.sample_config.max_new_tokens and not self.trainer.sanity_checking:
+            self._sample()
+
+    def _sample(self) -> None:
+        """Generate the configured sample on rank 0, print it, and log it to every logger that takes text."""
+        if not self.trainer.is_global_zero:
+            return
+        cfg = self.sample_config
+        tokenizer = self.trainer.datamodule.tokenizer
+        prompt_ids = tokenizer.encode(cfg.prompt) or [tokenizer.eot_id or 0]
+        prompt = torch.tensor([prompt_ids[-self.gpt_config.context_length :]], device=self.device)
+        generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        out = generate(
+            self.model,
+            prompt,
+            cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            stop_token=tokenizer.eot_id,
+            generator=generator,
+        )
+        text = tokenizer.decode(out[0, prompt.shape[1] :].tolist())
+        self.print(f"\n--- sample at step {self.global_step} ---\n{cfg.prompt}{text}\n---")
+        self.samples.append([self.global_step, cfg.prompt + text])
+        for logger in self.loggers:
+            if hasattr(logger, "log_text"):
+                logger.log_text(key="samples", columns=["step", "text"], data=self.samples)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CHECKPOINT_KEY] = {"gpt": asdict(self.gpt_config), "tokenizer": self.tokenizer_spec}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get(CHECKPOINT_KEY)
+        if saved is None:
+            raise ConfigError("checkpoint was not written by minigpt (no model description in it)")
+        if saved["tokenizer"] != self.tokenizer_spec:
+            raise ConfigError("checkpoint was trained with a different tokenizer than this run's data uses")
+        ours = asdict(self.gpt_config)
+        if any(saved["gpt"].get(k) != ours[k] for k in SHAPE_KEYS):
+            raise ConfigError(
+                f"checkpoint model shape {_shape(saved['gpt'])} differs from the config's {_shape(ours)}"
+            )
+
+
+SHAPE_KEYS = (
+    "vocab_size",
+    "context_length",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "qkv_bias",
+    "bias",
+    "tie_weights",
+)
+"""GPTConfig fields that change the parameters; the others (dropout) may differ on resume."""
+
+
+def _shape(gpt: dict[str, Any]) -> str:
+    return "(" + ", ".join(f"{k}={gpt.get(k)}" for k in SHAPE_KEYS) + ")"
