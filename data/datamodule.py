@@ -34,7 +34,7 @@ class TextDataModule(L.LightningDataModule):
     def __init__(self, config: DataConfig = DataConfig(), context_length: int = 128) -> None:  # noqa: B008
         """
         Args:
-            config: Data settings; frozen, so the shared default is safe.
+            config: Data source, tokenizer, caching and batching settings.
             context_length: ``T``, tokens per training sequence (the model's context length).
         """
         super().__init__()
