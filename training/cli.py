@@ -120,6 +120,10 @@ class MiniGPTCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         trainer_config = dict(self.config_init["trainer"])
+        if trainer_config.get("gradient_clip_val"):
+            raise UsageError(
+                "set gradient clipping with --model.optim.grad_clip, not --trainer.gradient_clip_val"
+            )
         out_dir = Path(trainer_config.get("default_root_dir") or "runs/default")
         trainer_config["default_root_dir"] = str(out_dir)
         trainer_config["precision"] = resolve_precision(trainer_config.get("precision"))

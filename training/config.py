@@ -24,6 +24,8 @@ class OptimConfig:
     """AdamW beta1."""
     beta2: float = 0.95
     """AdamW beta2 (0.95 as in GPT-3/nanoGPT; steadier than 0.999 for language models)."""
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this value before each step (None: no clipping)."""
     fused: bool = True
     """Use PyTorch's fused AdamW kernel where the device supports it (much faster on CPU and CUDA)."""
 
@@ -36,6 +38,8 @@ class OptimConfig:
             raise ConfigError(f"optim warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.weight_decay < 0:
             raise ConfigError(f"optim weight_decay must be >= 0, got {self.weight_decay}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ConfigError(f"optim grad_clip must be positive or null, got {self.grad_clip}")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"optim {name} must be in [0, 1), got {getattr(self, name)}")

@@ -95,6 +95,13 @@ class LitGPT(L.LightningModule):
         self.log("train_loss", loss, prog_bar=True)
         return loss
 
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Clipping here rather than through Trainer(gradient_clip_val=...): Lightning refuses that
+        # with fused AdamW under mixed precision, although bf16 needs no gradient unscaling.
+        if self.optim_config.grad_clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.grad_clip)
+            self.log("grad_norm", norm)
+
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
         loss = self.loss(x, y)

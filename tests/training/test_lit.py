@@ -1,0 +1,80 @@
+"""LitGPT inside a real Trainer, in-process, on a tiny character corpus."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.testing import assert_close
+
+from minigpt.data import DataConfig, TextDataModule
+from minigpt.model import GPT as Network
+from minigpt.model import ConfigError, GPTConfig
+from minigpt.training.config import OptimConfig, SampleConfig
+from minigpt.training.lit import LitGPT
+
+GPT = GPTConfig(context_length=32, n_layer=1, n_head=2, n_embd=32)
+
+
+def datamodule(corpus: Path, tmp_path: Path) -> TextDataModule:
+    config = DataConfig(source=str(corpus), tokenizer="char", cache_dir=str(tmp_path / "cache"), batch_size=8)
+    return TextDataModule(config, context_length=GPT.context_length)
+
+
+class GradNorms(L.Callback):
+    """Records the global gradient norm as the optimizer left it."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        self.norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+
+
+def test_bf16_mixed_with_fused_adamw_clips_gradients(corpus: Path, tmp_path: Path) -> None:
+    norms = GradNorms()
+    lit = LitGPT(GPT, OptimConfig(lr=1e-2, grad_clip=0.05, fused=True), SampleConfig(max_new_tokens=0))
+    trainer = L.Trainer(
+        max_steps=5,
+        precision="bf16-mixed",
+        accelerator="cpu",
+        logger=False,
+        callbacks=[norms],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(lit, datamodule=datamodule(corpus, tmp_path))
+    assert trainer.global_step == 5
+    assert len(norms.norms) == 5
+    assert max(norms.norms) <= 0.05 * 1.001
+
+
+def test_fused_and_plain_loss_agree(corpus: Path, tmp_path: Path) -> None:
+    data = datamodule(corpus, tmp_path)
+    data.prepare_data()
+    data.setup("fit")
+    x, y = next(iter(data.train_dataloader()))
+    net = Network(replace(GPT, vocab_size=data.vocab_size))
+    fused, plain = LitGPT(GPT, fused_loss=True), LitGPT(GPT, fused_loss=False)
+    fused.model = plain.model = net
+    assert_close(fused.loss(x, y), plain.loss(x, y))
+
+
+def test_vocab_smaller_than_the_tokenizer_is_refused(corpus: Path, tmp_path: Path) -> None:
+    lit = LitGPT(replace(GPT, vocab_size=3), sample=SampleConfig(max_new_tokens=0))
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    with pytest.raises(ConfigError, match="smaller than the tokenizer"):
+        trainer.fit(lit, datamodule=datamodule(corpus, tmp_path))
