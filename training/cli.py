@@ -83,7 +83,11 @@ def wandb_logged_in() -> bool:
 
 
 def wandb_mode(config: WandbConfig) -> str:
-    mode = os.environ.get("WANDB_MODE", config.mode) if config.mode == "auto" else config.mode
+    mode = (os.environ.get("WANDB_MODE") or "auto") if config.mode == "auto" else config.mode
+    if mode == "dryrun":
+        mode = "offline"
+    if mode not in ("auto", "online", "offline", "disabled"):
+        raise UsageError(f"WANDB_MODE={mode!r} is not one of online, offline, disabled")
     if mode == "auto":
         mode = "online" if wandb_logged_in() else "offline"
     if mode == "online" and not wandb_logged_in():

@@ -118,7 +118,7 @@ class LitGPT(L.LightningModule):
             local_mean = torch.tensor(self._val_loss_sum / self._val_batches, device=self.device)
             mean = float(self.trainer.strategy.reduce(local_mean, reduce_op="mean"))
             # Perplexity of the mean loss (not the mean of per-batch perplexities).
-            self.log("val_ppl", math.exp(min(mean, 50.0)))
+            self.log("val_ppl", math.exp(min(mean, 50.0)), sync_dist=True)  # same on every rank
         if self.sample_config.max_new_tokens and not self.trainer.sanity_checking:
             self._sample()
 

@@ -42,9 +42,12 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def run_script(script: str, *args: str, cwd: Path, timeout: float = 240, env: dict | None = None):
+def run_script(
+    script: str, *args: str, cwd: Path, timeout: float = 240, env: dict[str, str | None] | None = None
+):
     """Run `python <repo>/<script> args...` as a user would, from `cwd`."""
     full_env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", **(env or {})}
+    full_env = {key: value for key, value in full_env.items() if value is not None}  # None unsets
     return subprocess.run(
         [sys.executable, str(REPO / script), *args],
         cwd=cwd,

@@ -34,3 +34,14 @@ def test_wandb_mode_env_overrides_auto(no_credentials: None, monkeypatch: pytest
 def test_online_without_credentials_is_an_error_not_a_prompt(no_credentials: None) -> None:
     with pytest.raises(UsageError, match="wandb login"):
         wandb_mode(WandbConfig(mode="online"))
+
+
+def test_an_empty_wandb_mode_env_means_auto(no_credentials: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "")
+    assert wandb_mode(WandbConfig(mode="auto")) == "offline"
+
+
+def test_a_bad_wandb_mode_env_is_a_usage_error(no_credentials: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "sometimes")
+    with pytest.raises(UsageError, match="WANDB_MODE"):
+        wandb_mode(WandbConfig(mode="auto"))

@@ -1,0 +1,60 @@
+"""The wandb dashboard offline, and a two-process DDP run on the CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import run_script, tiny_args
+from .test_train_generate import read_metrics
+
+pytestmark = pytest.mark.slow
+
+
+def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) -> None:
+    env = {"WANDB_MODE": None, "WANDB_API_KEY": None, "NETRC": str(tmp_path / "no-netrc")}
+    result = run_script(
+        "train.py", *tiny_args(corpus, tmp_path / "run", "--wandb.mode", "auto"), cwd=tmp_path, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, "expected one offline wandb run folder under the run's output directory"
+    record = next(runs[0].glob("run-*.wandb")).read_bytes()
+    for key in (b"n_layer", b"train_loss", b"val_loss", b"tokens_per_sec", b"lr-AdamW"):
+        assert key in record, key  # config and metrics went to the dashboard
+    tables = [json.loads(p.read_text()) for p in runs[0].glob("files/media/table/samples_*.table.json")]
+    assert len(tables) == 2, "one samples table per validation"
+    table = max(tables, key=lambda t: len(t["data"]))
+    assert table["columns"] == ["step", "text"]
+    assert [row[0] for row in table["data"]] == [20, 40]
+    assert (tmp_path / "run" / "csv").is_dir()  # CSV always runs beside wandb
+
+
+def test_two_process_ddp_on_cpu(corpus: Path, tmp_path: Path) -> None:
+    args = tiny_args(
+        corpus,
+        tmp_path / "run",
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.devices",
+        "2",
+        "--trainer.strategy",
+        "ddp",
+        "--trainer.max_steps",
+        "20",
+        "--trainer.val_check_interval",
+        "10",
+    )
+    result = run_script("train.py", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # One process wrote checkpoints and logs.
+    assert len(list((tmp_path / "run" / "csv").glob("version_*"))) == 1
+    assert result.stdout.count("--- sample at step 20 ---") == 1
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 20
+    rows = read_metrics(tmp_path / "run")
+    val = [float(r["val_loss"]) for r in rows if r.get("val_loss")]
+    assert len(val) == 2 and val[-1] < val[0]
