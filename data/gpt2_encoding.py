@@ -8,7 +8,7 @@ that ships inside the ``openai-whisper`` source distribution on the Python packa
 
 from __future__ import annotations
 
-import base64
+import binascii
 import logging
 import tarfile
 import tempfile
@@ -54,12 +54,8 @@ def encoding_from_ranks(data: bytes, origin: str) -> tiktoken.Encoding:
             f"{origin} is not GPT-2's r50k_base.tiktoken: its sha256 is {digest}, expected {R50K_SHA256}"
         )
     # Parsed here rather than with tiktoken.load.load_tiktoken_bpe, which copies every local file
-    # into tiktoken's own cache folder.
-    ranks = {}
-    for line in data.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
+    # into tiktoken's own cache folder. The hash check above guarantees the format.
+    ranks = {binascii.a2b_base64(token): int(rank) for token, rank in map(bytes.split, data.splitlines())}
     return tiktoken.Encoding(
         name="r50k_base",
         pat_str=R50K_PATTERN,

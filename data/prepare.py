@@ -120,28 +120,30 @@ def _cache_key(corpus: Corpus, config: DataConfig) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def _encode_documents(
-    batch: dict[str, list[str]], indices: list[int], tokenizer: Tokenizer, last_index: int
-) -> dict[str, list[np.ndarray]]:
-    """datasets.map function: one uint32 id array per document, end-of-text after all but the last.
+def _encode_documents(batch: pa.Table, indices: list[int], tokenizer: Tokenizer, last_index: int) -> pa.Table:
+    """datasets.map function: one uint32 id list per document, end-of-text after all but the last.
 
+    Works on Arrow tables in and out, so the ids go from numpy to Arrow without a Python-level copy.
     A null text (common in JSON and parquet data) is an empty document.
     """
-    ids = tokenizer.encode_to_arrays([text or "" for text in batch["text"]])
+    ids = tokenizer.encode_to_arrays([text or "" for text in batch.column("text").to_pylist()])
     if tokenizer.eot_id is not None:
         eot = np.array([tokenizer.eot_id], dtype=np.uint32)
         ids = [
             doc if index == last_index else np.concatenate([doc, eot])
             for doc, index in zip(ids, indices, strict=True)
         ]
-    return {"ids": ids}
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)  # 64-bit: one document may exceed 2**31 tokens
+    np.cumsum([len(doc) for doc in ids], out=offsets[1:])
+    values = np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint32)
+    return pa.table({"ids": pa.LargeListArray.from_arrays(offsets, values)})
 
 
 def _tokenize(
     dataset: datasets.Dataset, tokenizer: Tokenizer, num_proc: int, folder: Path, key: str
 ) -> pa.ChunkedArray:
-    """Token ids of every document, as Arrow lists of uint32 written under ``folder``."""
-    tokenized = dataset.map(
+    """Token ids of every document, as Arrow lists of uint32 in a file under ``folder``."""
+    tokenized = dataset.with_format("arrow").map(
         _encode_documents,
         batched=True,
         with_indices=True,

@@ -176,7 +176,11 @@ class CharTokenizer:
             raise DataError("char tokenizer vocabulary must be sorted and free of repeats")
         self.chars = chars
         self.n_vocab: int = len(chars)
-        self._codes = np.array([ord(c) for c in chars], dtype=np.uint32)  # sorted, so searchable
+        # Code point -> id table; n_vocab marks characters outside the vocabulary, and the last
+        # slot stands for every code point above the largest known one.
+        codes = np.array([ord(c) for c in chars], dtype=np.int64)
+        self._ids_by_code = np.full(int(codes[-1]) + 2, self.n_vocab, dtype=np.uint32)
+        self._ids_by_code[codes] = np.arange(self.n_vocab, dtype=np.uint32)
 
     @classmethod
     def from_texts(cls, texts: Iterable[str]) -> CharTokenizer:
@@ -196,10 +200,9 @@ class CharTokenizer:
         return [self._encode_array(text) for text in texts]
 
     def _encode_array(self, text: str) -> np.ndarray:
-        # Vectorised lookup: code points -> position in the sorted vocabulary.
         codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
-        ids = np.minimum(np.searchsorted(self._codes, codes), self.n_vocab - 1)
-        unknown = self._codes[ids] != codes
+        ids = self._ids_by_code[np.minimum(codes, len(self._ids_by_code) - 1)]
+        unknown = ids == self.n_vocab
         if unknown.any():
             position = int(np.argmax(unknown))
             char = text[position]
@@ -207,7 +210,7 @@ class CharTokenizer:
                 f"character {char!r} (U+{ord(char):04X}) at position {position} is not in the char"
                 f" tokenizer's vocabulary of {self.n_vocab} characters from the training corpus"
             )
-        return ids.astype(np.uint32)
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self.chars[i] for i in _check_ids(ids, self.n_vocab, self.name))
