@@ -7,6 +7,7 @@ Used by generation and export alike. Files are untrusted input: they are read wi
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import zipfile
 from dataclasses import asdict
@@ -15,7 +16,8 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_model
+from safetensors.torch import load_model as load_safetensors_into
+from safetensors.torch import save_model
 
 from minigpt.data import Tokenizer, tokenizer_from_spec
 from minigpt.model import GPT, GPTConfig
@@ -46,7 +48,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
     """Rebuild the trained GPT (in eval mode, on `device`) and its tokenizer from a file."""
     path = resolve_checkpoint(path)
     if path.suffix == ".safetensors":
-        meta, state = _read_safetensors(path)
+        meta, state = _read_safetensors_metadata(path), None
     else:
         meta, state = _read_lightning_checkpoint(path)
     try:
@@ -56,14 +58,21 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
         raise CheckpointError(f"checkpoint {path} has an invalid model description: {err}") from None
     model = GPT(config)
     try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
-        raise CheckpointError(f"checkpoint {path} does not match its model description: {first}") from None
+        if state is None:
+            # safetensors stores tied tensors once; its loader restores the sharing.
+            load_safetensors_into(model, path)
+        else:
+            model.load_state_dict(state)
+    except (RuntimeError, SafetensorError) as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else lines[0]
+        raise CheckpointError(f"checkpoint {path} does not match its model description: {detail}") from None
     return model.to(device).eval(), tokenizer
 
 
 def _read_lightning_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its index is at the end
+        raise CheckpointError(f"cannot read checkpoint {path}: truncated or not a PyTorch checkpoint")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -82,22 +91,20 @@ def _read_lightning_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, to
     return checkpoint[CHECKPOINT_KEY], state
 
 
-def _read_safetensors(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+def _read_safetensors_metadata(path: Path) -> dict[str, Any]:
     try:
-        state = load_file(path)
         with safe_open(path, framework="pt") as f:
             metadata = f.metadata() or {}
-        meta = json.loads(metadata[CHECKPOINT_KEY])
+        return json.loads(metadata[CHECKPOINT_KEY])
     except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as err:
         raise CheckpointError(f"cannot read {path} as minigpt safetensors weights ({err})") from None
-    if "lm_head.weight" not in state and meta["gpt"].get("tie_weights", True):
-        state["lm_head.weight"] = state["transformer.wte.weight"]  # stored once when tied
-    return meta, state
 
 
 def export_safetensors(model: GPT, tokenizer: Tokenizer, path: str | Path) -> Path:
     """Write the weights as safetensors, with the model description and tokenizer as metadata."""
     path = Path(path)
     meta = {"gpt": asdict(model.config), "tokenizer": tokenizer.spec()}
-    save_model(model, str(path), metadata={CHECKPOINT_KEY: json.dumps(meta)})
+    tmp = path.with_name(f".{path.name}.tmp")
+    save_model(model, str(tmp), metadata={CHECKPOINT_KEY: json.dumps(meta)})
+    os.replace(tmp, path)
     return path

@@ -352,3 +352,27 @@ class TextStream:
     def flush(self) -> str:
         text = self._decode(self._ids)
         return text[self._emitted :]
+
+
+def export_main(args: list[str] | None = None) -> int:
+    """Write a checkpoint's weights as safetensors, with the model description and tokenizer."""
+    from .checkpoint import export_safetensors, load_model
+
+    parser = _OneLineParser(prog="export.py", description="Export a checkpoint's weights to safetensors.")
+    parser.add_argument("--checkpoint", required=True, help="a .ckpt file, or a run directory")
+    parser.add_argument("--out", required=True, help="the .safetensors file to write")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists")
+    try:
+        opts = parser.parse_args(sys.argv[1:] if args is None else args)
+        out = Path(opts.out)
+        if out.suffix != ".safetensors":
+            raise UsageError(f"--out must end in .safetensors, got {out}")
+        if out.exists() and not opts.force:
+            raise UsageError(f"{out} already exists; pass --force to replace it")
+        model, tokenizer = load_model(opts.checkpoint)
+        export_safetensors(model, tokenizer, out)
+    except (*USER_ERRORS, UsageError) as err:
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} ({model.num_parameters(non_embedding=False):,} parameters)")
+    return 0
