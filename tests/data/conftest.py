@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import tiktoken
+
 from minigpt.data import GPT2Tokenizer, load_gpt2_encoding
 
 

@@ -10,6 +10,7 @@ import huggingface_hub.constants
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
 from minigpt.data import DataError
 from minigpt.data.corpus import _hash_file, resolve_corpus
 

@@ -10,8 +10,9 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from minigpt.data import DataConfig, DataError, TextDataModule
 from torch.utils.data import DataLoader, DistributedSampler
+
+from minigpt.data import DataConfig, DataError, TextDataModule
 
 T = 16
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from minigpt.data import CharTokenizer, DataConfig, DataError, GPT2Tokenizer, PreparedData, prepare
 
 DOCS = ["The first story.\nIt ends here.", "A second, shorter one 🙂", "Third: <|endoftext|> is just text."]

@@ -6,6 +6,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from minigpt.data import DataError
 from minigpt.data import shakespeare as module
 from minigpt.data.shakespeare import play_to_text, shakespeare_path, wheel_to_text

@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 import tiktoken
+from tiktoken_ext.openai_public import r50k_pat_str
+
 from minigpt.data import (
     CharTokenizer,
     DataError,
@@ -16,7 +18,6 @@ from minigpt.data import (
     tokenizer_from_spec,
 )
 from minigpt.data.gpt2_encoding import R50K_PATTERN, encoding_from_ranks
-from tiktoken_ext.openai_public import r50k_pat_str
 
 TRICKY = "Hello, wörld! 你好 🙂\n\n\tTabs  and   spaces   \r\nend's we'll 1234567 <|endoftext|> x  \n"
 
