@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from .config import DataConfig
 from .corpus import Corpus, resolve_corpus
 from .errors import DataError
-from .tokenizer import GPT2_SPEC, Tokenizer, build_tokenizer, tokenizer_from_spec
+from .tokenizer import GPT2_SPEC, Tokenizer, available_cores, build_tokenizer, tokenizer_from_spec
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,11 @@ def _build(corpus: Corpus, config: DataConfig, directory: Path, key: str) -> Pre
         # datasets' Arrow copy of local files lives in the temporary folder and goes with it.
         dataset = corpus.load(tmp / "datasets")
         texts = (text or "" for batch in dataset.iter(batch_size=1000) for text in batch["text"])
-        tokenizer = build_tokenizer(config.tokenizer, tokenizer_path=config.tokenizer_path, texts=texts)
+        # Worker processes share the cores rather than each starting a thread per core.
+        threads = max(1, available_cores() // config.num_proc)
+        tokenizer = build_tokenizer(
+            config.tokenizer, tokenizer_path=config.tokenizer_path, texts=texts, num_threads=threads
+        )
         ids = _tokenize(dataset, tokenizer, config.num_proc, tmp, key)
         total = int(pc.sum(pc.list_value_length(ids)).as_py() or 0)
         if total == 0:

@@ -33,7 +33,8 @@ GPT2_SPEC: dict[str, Any] = {
 _SAFE_CUT = re.compile(r"(?<=[!-~]\n)(?=[!-~])")
 
 
-def _available_cores() -> int:
+def available_cores() -> int:
+    """CPU cores this process may run on."""
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
@@ -106,7 +107,7 @@ class GPT2Tokenizer:
         """
         self._encoding = encoding if encoding is not None else load_gpt2_encoding(path)
         self._chunk_chars = chunk_chars
-        self._num_threads = num_threads or _available_cores()
+        self._num_threads = num_threads or available_cores()
         self.n_vocab: int = self._encoding.n_vocab
         self.eot_id: int | None = self._encoding.eot_token
 
@@ -244,7 +245,11 @@ def tokenizer_from_spec(spec: dict[str, Any], tokenizer_path: str | None = None)
 
 
 def build_tokenizer(
-    name: str, *, tokenizer_path: str | None = None, texts: Iterable[str] | None = None
+    name: str,
+    *,
+    tokenizer_path: str | None = None,
+    texts: Iterable[str] | None = None,
+    num_threads: int | None = None,
 ) -> Tokenizer:
     """A new tokenizer by name.
 
@@ -252,12 +257,13 @@ def build_tokenizer(
         name: ``"gpt2"`` or ``"char"``.
         tokenizer_path: GPT-2 ranks file (only for ``"gpt2"``).
         texts: The corpus whose characters form the vocabulary (required for ``"char"``).
+        num_threads: GPT-2 encoding threads per process (default: all available cores).
 
     Raises:
         DataError: Unknown name.
     """
     if name == "gpt2":
-        return GPT2Tokenizer(path=tokenizer_path)
+        return GPT2Tokenizer(path=tokenizer_path, num_threads=num_threads)
     if name == "char":
         if texts is None:
             raise ValueError("the char tokenizer is built from corpus text; pass texts=")
