@@ -133,10 +133,14 @@ def _encode_documents(batch: pa.Table, indices: list[int], tokenizer: Tokenizer,
             doc if index == last_index else np.concatenate([doc, eot])
             for doc, index in zip(ids, indices, strict=True)
         ]
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)  # 64-bit: one document may exceed 2**31 tokens
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
     np.cumsum([len(doc) for doc in ids], out=offsets[1:])
+    if offsets[-1] >= 2**31:  # Arrow list offsets are 32-bit
+        raise DataError(
+            f"documents {indices[0]}-{indices[-1]} hold over 2**31 tokens; split them into smaller files"
+        )
     values = np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint32)
-    return pa.table({"ids": pa.LargeListArray.from_arrays(offsets, values)})
+    return pa.table({"ids": pa.ListArray.from_arrays(offsets.astype(np.int32), values)})
 
 
 def _tokenize(
