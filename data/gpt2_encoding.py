@@ -144,11 +144,17 @@ def load_gpt2_encoding(path: str | None = None) -> tiktoken.Encoding:
     try:
         data = _fetch_ranks_from_registry()
         encoding = encoding_from_ranks(data, f"the ranks file in {WHISPER_REQUIREMENT}")
+    except DataError as error:
+        failures.append(str(error))
     except Exception as error:
         failures.append(f"pip download {WHISPER_REQUIREMENT} failed ({_one_line(error)})")
     else:
-        write_atomic(cached, data)
-        logger.info("fetched GPT-2 ranks from the %s source package into %s", WHISPER_REQUIREMENT, cached)
+        try:
+            write_atomic(cached, data)
+        except OSError as error:  # a read-only cache costs a download next time, nothing more
+            logger.warning("could not cache GPT-2 ranks in %s: %s", cached, error)
+        else:
+            logger.info("fetched GPT-2 ranks from the %s source package into %s", WHISPER_REQUIREMENT, cached)
         return encoding
 
     raise DataError(

