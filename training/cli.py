@@ -6,8 +6,11 @@ import argparse
 import logging
 import netrc
 import os
+import signal
+import socket
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +24,10 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from minigpt.data import DataError, TextDataModule
 from minigpt.model import ConfigError
 
-from .callbacks import AtomicCheckpointIO, TokensPerSecond
+from .callbacks import AtomicCheckpointIO, SaveAndStopOnSignal, TokensPerSecond
 from .checkpoint import CheckpointError
 from .config import WandbConfig
-from .lit import LitGPT
+from .lit import DivergenceError, LitGPT
 
 log = logging.getLogger("minigpt")
 
@@ -82,6 +85,20 @@ def wandb_logged_in() -> bool:
         return False
 
 
+def wandb_reachable(timeout: float = 3.0) -> bool:
+    """Whether wandb's server answers a TCP connection, so an online run won't hang at start."""
+    url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    host = url.split("://")[-1].split("/")[0]
+    port = 80 if url.startswith("http://") else 443
+    if ":" in host:
+        host, port = host.rsplit(":", 1)[0], int(host.rsplit(":", 1)[1])
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
 def wandb_mode(config: WandbConfig) -> str:
     mode = (os.environ.get("WANDB_MODE") or "auto") if config.mode == "auto" else config.mode
     if mode == "dryrun":
@@ -90,6 +107,9 @@ def wandb_mode(config: WandbConfig) -> str:
         raise UsageError(f"WANDB_MODE={mode!r} is not one of online, offline, disabled")
     if mode == "auto":
         mode = "online" if wandb_logged_in() else "offline"
+        if mode == "online" and not wandb_reachable():
+            log.warning("wandb: logged in but its server is unreachable; logging offline (wandb sync later)")
+            mode = "offline"
     if mode == "online" and not wandb_logged_in():
         raise UsageError(
             "wandb mode is online but no credentials were found: run `wandb login` or set WANDB_API_KEY"
@@ -147,6 +167,7 @@ class MiniGPTCLI(LightningCLI):
             ),
             LearningRateMonitor(logging_interval="step"),
             TokensPerSecond(),
+            SaveAndStopOnSignal(out_dir / "checkpoints" / "last.ckpt"),
         ]
         trainer_config["callbacks"] = callbacks
         return self._instantiate_trainer(trainer_config, [])
@@ -171,13 +192,27 @@ class MiniGPTCLI(LightningCLI):
 
 
 def check_output_dir(out_dir: Path, ckpt_path: str | None) -> None:
-    """Refuse to start a new run on top of another run's checkpoints."""
+    """Refuse to start a new run on top of another run's checkpoints, or to resume from nothing."""
     checkpoints = out_dir / "checkpoints"
     if ckpt_path is None and checkpoints.is_dir() and any(checkpoints.glob("*.ckpt")):
         raise UsageError(
             f"{out_dir} already holds a run: resume it with --ckpt_path last, "
             "or choose another --trainer.default_root_dir"
         )
+    if ckpt_path == "last":
+        if not (checkpoints / "last.ckpt").is_file():
+            raise UsageError(f"--ckpt_path last: there is no {checkpoints / 'last.ckpt'} to resume from")
+        _check_readable(checkpoints / "last.ckpt")
+    elif ckpt_path is not None:
+        path = Path(ckpt_path)
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint not found: {ckpt_path}")
+        _check_readable(path)
+
+
+def _check_readable(path: Path) -> None:
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"cannot read checkpoint {path}: truncated or not a PyTorch checkpoint")
 
 
 def train_main(args: list[str] | None = None) -> int:
@@ -198,13 +233,31 @@ def train_main(args: list[str] | None = None) -> int:
                 parser_kwargs={"exit_on_error": False},
                 save_config_kwargs={"overwrite": True},
             )
-        check_output_dir(Path(cli.trainer.default_root_dir), cli.config.ckpt_path)
+        out_dir = Path(cli.trainer.default_root_dir)
+        check_output_dir(out_dir, cli.config.ckpt_path)
         cli.trainer.fit(
             cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path, weights_only=True
         )
     except (*USER_ERRORS, UsageError) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except DivergenceError as err:
+        last = out_dir / "checkpoints" / "last.ckpt"
+        kept = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was written"
+        print(f"error: training diverged: {err}; {kept}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted before training started", file=sys.stderr)
+        return 130
+    stopper = next(c for c in cli.trainer.callbacks if isinstance(c, SaveAndStopOnSignal))
+    if stopper.received is not None:
+        if cli.trainer.is_global_zero:
+            print(
+                f"stopped by {signal.Signals(stopper.received).name}: saved step {stopper.saved_step} to "
+                f"{stopper.path}; continue with the same command and --ckpt_path last",
+                file=sys.stderr,
+            )
+        return 128 + stopper.received
     return 0
 
 

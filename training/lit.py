@@ -20,6 +20,11 @@ from .config import OptimConfig, SampleConfig
 from .loss import fused_linear_cross_entropy, next_token_loss
 from .optim import build_optimizer, build_scheduler
 
+
+class DivergenceError(RuntimeError):
+    """The loss or the gradients stopped being finite."""
+
+
 CHECKPOINT_KEY = "minigpt"
 """Checkpoint entry holding what is needed to rebuild the model without this module."""
 
@@ -92,14 +97,24 @@ class LitGPT(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = self.loss(x, y)
+        self._check_finite(loss, "loss")
         self.log("train_loss", loss, prog_bar=True)
         return loss
+
+    def _check_finite(self, value: torch.Tensor, what: str) -> None:
+        """Stop before a non-finite value reaches the weights, and so any checkpoint."""
+        bad = not bool(torch.isfinite(value))
+        if self.trainer.world_size > 1:  # all ranks stop together, or the others would hang
+            bad = self.trainer.strategy.reduce_boolean_decision(bad, all=False)
+        if bad:
+            raise DivergenceError(f"the {what} became {value.item()} at step {self.global_step}")
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Clipping here rather than through Trainer(gradient_clip_val=...): Lightning refuses that
         # with fused AdamW under mixed precision, although bf16 needs no gradient unscaling.
         if self.optim_config.grad_clip is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.grad_clip)
+            self._check_finite(norm, "gradient norm")
             self.log("grad_norm", norm)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -117,6 +132,8 @@ class LitGPT(L.LightningModule):
         if self._val_batches:
             local_mean = torch.tensor(self._val_loss_sum / self._val_batches, device=self.device)
             mean = float(self.trainer.strategy.reduce(local_mean, reduce_op="mean"))
+            if not math.isfinite(mean):  # raised before ModelCheckpoint would save these weights
+                raise DivergenceError(f"the validation loss became {mean} at step {self.global_step}")
             # Perplexity of the mean loss (not the mean of per-batch perplexities).
             self.log("val_ppl", math.exp(min(mean, 50.0)), sync_dist=True)  # same on every rank
         if self.sample_config.max_new_tokens and not self.trainer.sanity_checking:
@@ -151,6 +168,8 @@ class LitGPT(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint[CHECKPOINT_KEY] = {"gpt": asdict(self.gpt_config), "tokenizer": self.tokenizer_spec}
+        # Dropout draws from torch's generator: restoring it makes a resumed run exact.
+        checkpoint["torch_rng_state"] = torch.get_rng_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get(CHECKPOINT_KEY)
@@ -158,6 +177,8 @@ class LitGPT(L.LightningModule):
             raise ConfigError("checkpoint was not written by minigpt (no model description in it)")
         if saved["tokenizer"] != self.tokenizer_spec:
             raise ConfigError("checkpoint was trained with a different tokenizer than this run's data uses")
+        if "torch_rng_state" in checkpoint:
+            torch.set_rng_state(checkpoint["torch_rng_state"])
         ours = asdict(self.gpt_config)
         if any(saved["gpt"].get(k) != ours[k] for k in SHAPE_KEYS):
             raise ConfigError(

@@ -1,11 +1,13 @@
 import pytest
 
+from minigpt.training import cli
 from minigpt.training.cli import UsageError, wandb_mode
 from minigpt.training.config import WandbConfig
 
 
 @pytest.fixture
 def no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setattr(cli, "wandb_reachable", lambda timeout=3.0: True)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
@@ -45,3 +47,24 @@ def test_a_bad_wandb_mode_env_is_a_usage_error(no_credentials: None, monkeypatch
     monkeypatch.setenv("WANDB_MODE", "sometimes")
     with pytest.raises(UsageError, match="WANDB_MODE"):
         wandb_mode(WandbConfig(mode="auto"))
+
+
+def test_auto_falls_back_to_offline_when_the_server_is_unreachable(
+    no_credentials: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    monkeypatch.setattr(cli, "wandb_reachable", lambda timeout=3.0: False)
+    assert wandb_mode(WandbConfig(mode="auto")) == "offline"
+
+
+def test_reachability_check_fails_fast_for_a_closed_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import time
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        port = server.getsockname()[1]  # bound but not listening: connections are refused
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+        start = time.perf_counter()
+        assert cli.wandb_reachable(timeout=3.0) is False
+        assert time.perf_counter() - start < 2.0
