@@ -44,8 +44,13 @@ def resolve_checkpoint(path: str | Path) -> Path:
     return path
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GPT, Tokenizer]:
-    """Rebuild the trained GPT (in eval mode, on `device`) and its tokenizer from a file."""
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu", tokenizer_path: str | None = None
+) -> tuple[GPT, Tokenizer]:
+    """Rebuild the trained GPT (in eval mode, on `device`) and its tokenizer from a file.
+
+    `tokenizer_path` points at GPT-2's ranks file on machines that cannot fetch it.
+    """
     path = resolve_checkpoint(path)
     if path.suffix == ".safetensors":
         meta, state = _read_safetensors_metadata(path), None
@@ -53,9 +58,10 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[GP
         meta, state = _read_lightning_checkpoint(path)
     try:
         config = GPTConfig(**meta["gpt"])
-        tokenizer = tokenizer_from_spec(meta["tokenizer"])
+        spec = meta["tokenizer"]
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint {path} has an invalid model description: {err}") from None
+    tokenizer = tokenizer_from_spec(spec, tokenizer_path)  # DataError names what is missing
     model = GPT(config)
     try:
         if state is None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 import yaml
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, set_parsing_settings
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
@@ -219,6 +219,8 @@ def train_main(args: list[str] | None = None) -> int:
     """Parse the command line, then fit. Returns the process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertising())
+    # The config dataclasses document each field in a docstring under it; show those in --help.
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
     argv = list(sys.argv[1:] if args is None else args)
     try:
         with warnings.catch_warnings():
@@ -328,6 +330,9 @@ def generate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num_samples", type=_positive_int, default=1, help="independent samples to draw")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda if available)")
     parser.add_argument("--no_cache", action="store_true", help="recompute the whole window each step")
+    parser.add_argument(
+        "--tokenizer_path", default=None, help="GPT-2 ranks file, on machines that cannot fetch it"
+    )
     return parser
 
 
@@ -342,7 +347,7 @@ def generate_main(args: list[str] | None = None) -> int:
         if opts.prompt == "":
             raise UsageError("the prompt is empty: pass some text with --prompt (default is a newline)")
         device = ("cuda" if torch.cuda.is_available() else "cpu") if opts.device == "auto" else opts.device
-        model, tokenizer = load_model(opts.checkpoint, device=device)
+        model, tokenizer = load_model(opts.checkpoint, device=device, tokenizer_path=opts.tokenizer_path)
         ids = tokenizer.encode(opts.prompt)
         context = model.config.context_length
         if len(ids) > context:
