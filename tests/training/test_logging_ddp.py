@@ -58,3 +58,16 @@ def test_two_process_ddp_on_cpu(corpus: Path, tmp_path: Path) -> None:
     rows = read_metrics(tmp_path / "run")
     val = [float(r["val_loss"]) for r in rows if r.get("val_loss")]
     assert len(val) == 2 and val[-1] < val[0]
+
+
+def test_the_wandb_api_key_never_reaches_logs_or_saved_configs(corpus: Path, tmp_path: Path) -> None:
+    secret = "sentinel" + "0123456789abcdef" * 2 + "sentinel"
+    # Logged in but offline here: the run must fall back to offline logging without hanging.
+    env = {"WANDB_MODE": None, "WANDB_API_KEY": secret, "NETRC": str(tmp_path / "no-netrc")}
+    result = run_script("train.py", *tiny_args(corpus, tmp_path / "run"), cwd=tmp_path, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert secret not in result.stdout + result.stderr
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path

@@ -1,0 +1,101 @@
+"""Every mistake a user can make on the command line: one line naming it, exit 2, nothing lost."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from minigpt.training.cli import train_main
+
+from .conftest import tiny_args
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err, "nothing on stderr"
+    assert err[-1].startswith("error: "), err
+    assert not any("Traceback" in line for line in err), err
+    return err[-1]
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing.txt", "does not exist"),
+        (lambda d: _write(d / "empty.txt", b""), "empty"),
+        (lambda d: _write(d / "short.txt", b"To be, or not to be.\n"), "token"),
+        (lambda d: _write(d / "latin1.txt", "Caf\u00e9 au lait\n".encode("latin-1") * 500), "not UTF-8"),
+    ],
+    ids=["missing", "empty", "shorter-than-a-window", "not-utf8"],
+)
+def test_bad_datasets(make, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = make(tmp_path)
+    assert train_main(tiny_args(source, tmp_path / "run")) == 2
+    line = one_error_line(capsys)
+    assert message in line, line
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_unsafe_yaml_tags_are_refused_not_executed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    marker = tmp_path / "pwned"
+    config = tmp_path / "evil.yaml"
+    config.write_text(f'model: !!python/object/apply:os.system ["touch {marker}"]\n')
+    assert train_main(["--config", str(config)]) == 2
+    assert "evil.yaml" in one_error_line(capsys)
+    assert not marker.exists()
+
+
+@pytest.fixture(scope="module")
+def finished_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short tiny.yaml run to resume from."""
+    work = tmp_path_factory.mktemp("finished")
+    from .conftest import run_script
+
+    result = run_script("train.py", *tiny_args(corpus, work / "run", "--trainer.max_steps", "20"), cwd=work)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return work / "run"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (["--model.gpt.n_layer", "3"], "checkpoint model shape"),
+        (["--model.gpt.n_embd", "32"], "checkpoint model shape"),
+        (["--data.config.tokenizer", "gpt2"], "different tokenizer"),
+    ],
+)
+def test_resuming_with_another_shape_or_tokenizer_is_refused(
+    finished_run: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], override, message
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = snapshot(run / "checkpoints")
+    args = tiny_args(corpus, run, "--ckpt_path", "last", "--trainer.max_steps", "40", *override)
+    assert train_main(args) == 2
+    assert message in one_error_line(capsys)
+    assert snapshot(run / "checkpoints") == before
