@@ -4,8 +4,10 @@ from .config import DataConfig
 from .datamodule import TextDataModule
 from .errors import DataError
 from .gpt2_encoding import load_gpt2_encoding
+from .loader import ResumableLoader
 from .prepare import PreparedData, prepare
 from .tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer, build_tokenizer, tokenizer_from_spec
+from .windows import TokenWindows, TrainWindowSampler
 
 __all__ = [
     "CharTokenizer",
@@ -13,8 +15,11 @@ __all__ = [
     "DataError",
     "GPT2Tokenizer",
     "PreparedData",
+    "ResumableLoader",
     "TextDataModule",
+    "TokenWindows",
     "Tokenizer",
+    "TrainWindowSampler",
     "build_tokenizer",
     "load_gpt2_encoding",
     "prepare",

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
 from .config import DataConfig
 from .errors import DataError
+from .loader import ResumableLoader
 from .prepare import PreparedData, prepare
 from .tokenizer import Tokenizer
-from .windows import TokenWindows, train_windows, val_windows
+from .windows import TokenWindows, TrainWindowSampler, val_offsets
 
 
 class TextDataModule(L.LightningDataModule):
@@ -21,10 +24,12 @@ class TextDataModule(L.LightningDataModule):
 
     Training windows start at random offsets drawn from ``(config.seed, epoch)``; there are about
     ``train_tokens / context_length`` of them, so an epoch covers roughly the corpus once. The
-    epoch is read from the attached trainer when the loader is built: with
-    ``Trainer(reload_dataloaders_every_n_epochs=1)`` each epoch draws fresh windows, otherwise every
-    epoch revisits the first epoch's windows. Loaders use ``shuffle=False`` because the offsets are
-    already random; under DDP, Lightning's DistributedSampler splits the windows between ranks.
+    train loader is a :class:`ResumableLoader` over a :class:`TrainWindowSampler`: Lightning's
+    ``set_epoch`` gives every epoch fresh windows (no dataloader reloading needed), each DDP rank
+    reads its own share (the rank comes from the attached trainer, so Lightning leaves the sampler
+    alone), and checkpoints record how many batches of the epoch were trained on, so a resumed run
+    sees exactly the batches the uninterrupted run would have. The batches depend only on the seed,
+    the epoch and the number of ranks, never on ``num_workers``.
 
     Validation windows are fixed and back to back over the validation split. To cap validation
     cost on a large corpus, use ``Trainer(limit_val_batches=...)``.
@@ -76,39 +81,38 @@ class TextDataModule(L.LightningDataModule):
         """Number of token ids, ``tokenizer.n_vocab``."""
         return self.tokenizer.n_vocab
 
-    def train_dataset(self, epoch: int = 0) -> TokenWindows:
-        """The training windows of ``epoch``."""
+    def train_dataset(self) -> TokenWindows:
+        """Every window of the training split, keyed by start position."""
         prepared = self.prepared
-        return train_windows(
-            prepared.directory / "train.bin",
-            prepared.meta["dtype"],
-            prepared.num_tokens("train"),
-            self.context_length,
-            self.config.seed,
-            epoch,
-        )
+        path, dtype = prepared.directory / "train.bin", prepared.meta["dtype"]
+        return TokenWindows(path, dtype, prepared.num_tokens("train"), self.context_length)
 
     def val_dataset(self) -> TokenWindows:
-        """The validation windows."""
+        """Every window of the validation split, keyed by start position (see :func:`val_offsets`)."""
         prepared = self.prepared
         path, dtype = prepared.directory / "val.bin", prepared.meta["dtype"]
-        return val_windows(path, dtype, prepared.num_tokens("val"), self.context_length)
+        return TokenWindows(path, dtype, prepared.num_tokens("val"), self.context_length)
 
-    def train_dataloader(self) -> DataLoader:
-        epoch = self.trainer.current_epoch if self.trainer is not None else 0
-        return self._loader(self.train_dataset(epoch), drop_last=True)
+    def train_sampler(self, num_replicas: int = 1, rank: int = 0) -> TrainWindowSampler:
+        """Rank ``rank``'s share of the training windows (call ``set_epoch`` to pick the epoch)."""
+        return TrainWindowSampler(self.train_dataset(), self.config.seed, num_replicas, rank)
+
+    def train_dataloader(self) -> ResumableLoader:
+        trainer = self.trainer
+        num_replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        sampler = self.train_sampler(num_replicas, rank)
+        return ResumableLoader(sampler.windows, sampler=sampler, drop_last=True, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.val_dataset(), drop_last=False)
+        dataset = self.val_dataset()
+        offsets = val_offsets(dataset.num_tokens, self.context_length)
+        return DataLoader(dataset, sampler=offsets, drop_last=False, **self._loader_options())
 
-    def _loader(self, dataset: TokenWindows, drop_last: bool) -> DataLoader:
+    def _loader_options(self) -> dict[str, Any]:
         workers = self.config.num_workers
-        return DataLoader(
-            dataset,
-            batch_size=self.config.batch_size,
-            shuffle=False,
-            num_workers=workers,
-            pin_memory=torch.cuda.is_available(),
-            persistent_workers=workers > 0,
-            drop_last=drop_last,
-        )
+        return {
+            "batch_size": self.config.batch_size,
+            "num_workers": workers,
+            "pin_memory": torch.cuda.is_available(),
+            "persistent_workers": workers > 0,
+        }

@@ -1,4 +1,4 @@
-"""TextDataModule and its window datasets: targets, shapes, determinism and DDP sharding."""
+"""TextDataModule, its windows and samplers: targets, shapes, determinism, fresh epochs and DDP sharding."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from minigpt.data import DataConfig, DataError, TextDataModule
+from minigpt.data import DataConfig, DataError, ResumableLoader, TextDataModule, TrainWindowSampler
 
 T = 16
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))
@@ -32,7 +32,7 @@ def test_batches_are_next_token_pairs_from_the_file(datamodule: TextDataModule) 
     assert x.shape == y.shape == (4, T) and x.dtype == y.dtype == torch.int64
     assert torch.equal(x[:, 1:], y[:, :-1])
     tokens = datamodule.prepared.tokens("train")
-    start = int(datamodule.train_dataset().offsets[0])
+    start = int(datamodule.train_sampler().offsets()[0])
     assert x[0].tolist() == tokens[start : start + T].tolist()
     assert y[0].tolist() == tokens[start + 1 : start + T + 1].tolist()
     assert datamodule.tokenizer.decode(x[0].tolist()) == TEXT[start : start + T]
@@ -40,55 +40,89 @@ def test_batches_are_next_token_pairs_from_the_file(datamodule: TextDataModule) 
 
 def test_train_windows_cover_the_split_once_per_epoch(datamodule: TextDataModule) -> None:
     n = datamodule.prepared.num_tokens("train")
-    windows = datamodule.train_dataset()
-    assert len(windows) == n // T
-    assert windows.offsets.min() >= 0 and windows.offsets.max() <= n - T - 1
-    x, y = windows[int(np.argmax(windows.offsets))]  # the last possible window still has its target
-    assert x.shape == y.shape == (T,)
+    windows, offsets = datamodule.train_dataset(), datamodule.train_sampler().offsets()
+    assert len(offsets) == len(datamodule.train_sampler()) == n // T
+    assert offsets.min() >= 0 and offsets.max() <= n - T - 1
+    x, y = windows[n - T - 1]  # the last possible window still has its target
+    assert x.shape == y.shape == (T,) and len(windows) == n - T
+    with pytest.raises(IndexError):
+        windows[n - T]
 
 
-def test_offsets_depend_only_on_seed_and_epoch(datamodule: TextDataModule, tmp_path: Path) -> None:
+def test_offsets_depend_only_on_seed_and_epoch(datamodule: TextDataModule) -> None:
+    def offsets(dm: TextDataModule, epoch: int = 0) -> np.ndarray:
+        sampler = dm.train_sampler()
+        sampler.set_epoch(epoch)
+        return sampler.offsets()
+
     same = TextDataModule(datamodule.config, T)
     same.setup()
-    assert np.array_equal(same.train_dataset().offsets, datamodule.train_dataset().offsets)
+    assert np.array_equal(offsets(same), offsets(datamodule))
     other_seed = TextDataModule(DataConfig(**{**datamodule.config.__dict__, "seed": 7}), T)
     other_seed.setup()
-    assert not np.array_equal(other_seed.train_dataset().offsets, datamodule.train_dataset().offsets)
-    assert not np.array_equal(datamodule.train_dataset(1).offsets, datamodule.train_dataset(0).offsets)
+    assert not np.array_equal(offsets(other_seed), offsets(datamodule))
+    assert not np.array_equal(offsets(datamodule, 1), offsets(datamodule, 0))
+    assert np.array_equal(offsets(datamodule, 1), offsets(same, 1))
 
 
-def test_loader_uses_the_trainer_epoch(datamodule: TextDataModule) -> None:
-    datamodule.trainer = SimpleNamespace(current_epoch=3)  # what Lightning attaches
+def test_set_epoch_gives_the_same_loader_fresh_windows(datamodule: TextDataModule) -> None:
     loader = datamodule.train_dataloader()
-    assert np.array_equal(loader.dataset.offsets, datamodule.train_dataset(3).offsets)
+    first = [x for x, _ in loader]
+    loader.sampler.set_epoch(1)
+    second = [x for x, _ in loader]
+    loader.sampler.set_epoch(0)
+    again = [x for x, _ in loader]
+    assert len(first) == len(second) == len(loader) > 0
+    assert not torch.equal(torch.cat(first), torch.cat(second))
+    assert torch.equal(torch.cat(first), torch.cat(again))
+
+
+def test_loader_takes_the_ranks_from_the_trainer(datamodule: TextDataModule) -> None:
+    datamodule.trainer = SimpleNamespace(world_size=2, global_rank=1)  # what Lightning attaches
+    sampler = datamodule.train_dataloader().sampler
+    # A DistributedSampler is what keeps Lightning from wrapping or replacing it under DDP.
+    assert isinstance(sampler, DistributedSampler)
+    assert (sampler.num_replicas, sampler.rank, sampler.shuffle, sampler.drop_last) == (2, 1, False, True)
 
 
 def test_validation_windows_are_fixed_and_back_to_back(datamodule: TextDataModule) -> None:
     n = datamodule.prepared.num_tokens("val")
-    windows = datamodule.val_dataset()
-    assert windows.offsets.tolist() == list(range(0, (n - 1) // T * T, T))
-    targets = torch.cat([windows[i][1] for i in range(len(windows))])
+    windows, loader = datamodule.val_dataset(), datamodule.val_dataloader()
+    assert list(loader.sampler) == list(range(0, (n - 1) // T * T, T))
+    targets = torch.cat([windows[i][1] for i in loader.sampler])
     tokens = datamodule.prepared.tokens("val")
     assert targets.tolist() == tokens[1 : len(targets) + 1].tolist()  # every target scored once
     batches = [b[0] for b in datamodule.val_dataloader()]
     assert torch.equal(torch.cat(batches), torch.cat([b[0] for b in datamodule.val_dataloader()]))
 
 
-def test_distributed_sampler_gives_ranks_disjoint_windows(datamodule: TextDataModule) -> None:
-    dataset = datamodule.train_dataset()
-    # drop_last avoids the sampler's padding, which repeats a window to even out an odd count.
-    shares = [
-        list(DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=False, drop_last=True))
-        for rank in (0, 1)
-    ]
-    assert set(shares[0]).isdisjoint(shares[1])
-    assert len(shares[0]) == len(shares[1]) == len(dataset) // 2
-    offsets = [{int(dataset.offsets[i]) for i in share} for share in shares]
-    assert offsets[0] != offsets[1]
+@pytest.mark.parametrize("epoch", [0, 3])
+def test_two_ranks_split_the_epoch_between_them(datamodule: TextDataModule, epoch: int) -> None:
+    samplers = [datamodule.train_sampler(num_replicas=2, rank=rank) for rank in (0, 1)]
+    whole = datamodule.train_sampler()
+    for sampler in [*samplers, whole]:
+        sampler.set_epoch(epoch)
+    table = whole.offsets()
+    # Window j of the epoch goes to rank j % 2; the odd one out at the end goes to neither.
+    assert len(samplers[0]) == len(samplers[1]) == len(table) // 2
+    assert list(samplers[0]) == table[0 : len(table) // 2 * 2 : 2].tolist()
+    assert list(samplers[1]) == table[1 : len(table) // 2 * 2 : 2].tolist()
+    # Step by step, the two ranks' batches together are the next 8 windows of the epoch.
+    loaders = []
+    for rank in (0, 1):
+        datamodule.trainer = SimpleNamespace(world_size=2, global_rank=rank)
+        loaders.append(datamodule.train_dataloader())
+        loaders[-1].sampler.set_epoch(epoch)
+    windows = datamodule.train_dataset()
+    for step, (a, b) in enumerate(zip(*loaders, strict=True)):
+        positions = [8 * step + j for j in (0, 2, 4, 6, 1, 3, 5, 7)]
+        expected = torch.stack([windows[int(table[p])][0] for p in positions])
+        assert torch.equal(torch.cat([a[0], b[0]]), expected)
+    assert step + 1 == len(table) // 8
 
 
 def test_worker_processes_read_the_memmap(datamodule: TextDataModule) -> None:
-    loader = DataLoader(datamodule.train_dataset(), batch_size=4, num_workers=1)
+    loader = DataLoader(datamodule.train_dataset(), sampler=[0, 5, 9, 2], batch_size=4, num_workers=1)
     x, y = next(iter(loader))
     assert torch.equal(x[:, 1:], y[:, :-1])
     assert datamodule.train_dataset().__getstate__()["_tokens"] is None  # workers get a path, not the data
@@ -96,9 +130,10 @@ def test_worker_processes_read_the_memmap(datamodule: TextDataModule) -> None:
 
 def test_loader_settings(datamodule: TextDataModule) -> None:
     loader = datamodule.train_dataloader()
+    assert isinstance(loader, ResumableLoader) and isinstance(loader.sampler, TrainWindowSampler)
     assert loader.batch_size == 4 and loader.drop_last and loader.num_workers == 0
     assert not loader.persistent_workers and loader.pin_memory == torch.cuda.is_available()
-    assert not isinstance(loader.sampler, torch.utils.data.RandomSampler)
+    assert len(loader) == datamodule.prepared.num_tokens("train") // T // 4
 
 
 def test_tokenizer_before_setup_is_a_clear_error() -> None:
@@ -170,13 +205,12 @@ class _Counter(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_lightning_fit_draws_fresh_windows_each_epoch(datamodule: TextDataModule) -> None:
+def test_lightning_fit_draws_fresh_windows_each_epoch_without_reloading(datamodule: TextDataModule) -> None:
     module = _Counter(datamodule.vocab_size)
     trainer = L.Trainer(
         max_epochs=2,
         limit_train_batches=2,
         limit_val_batches=1,
-        reload_dataloaders_every_n_epochs=1,
         accelerator="cpu",
         logger=False,
         enable_checkpointing=False,
