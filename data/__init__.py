@@ -6,11 +6,19 @@ from .errors import DataError
 from .gpt2_encoding import load_gpt2_encoding
 from .loader import ResumableLoader
 from .prepare import PreparedData, prepare
-from .tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer, build_tokenizer, tokenizer_from_spec
+from .tokenizer import (
+    CharTokenizer,
+    CompactGPT2Tokenizer,
+    GPT2Tokenizer,
+    Tokenizer,
+    build_tokenizer,
+    tokenizer_from_spec,
+)
 from .windows import TokenWindows, TrainWindowSampler
 
 __all__ = [
     "CharTokenizer",
+    "CompactGPT2Tokenizer",
     "DataConfig",
     "DataError",
     "GPT2Tokenizer",

@@ -15,7 +15,9 @@ class DataConfig:
     source: str = "shakespeare"
     """Corpus: "shakespeare" (built in), a .txt/.jsonl/.json/.parquet file or folder, or a hub dataset."""
     tokenizer: str = "gpt2"
-    """Tokenizer: "gpt2" (GPT-2 BPE, 50257 ids) or "char" (one id per character of the corpus)."""
+    """Tokenizer: "gpt2" (GPT-2 BPE, 50257 ids), "gpt2-compact" (GPT-2 BPE renumbered over the tokens
+    the corpus uses: the same tokens, a much smaller embedding and LM head) or "char" (one id per
+    character of the corpus)."""
     tokenizer_path: str | None = None
     """Path to GPT-2's r50k_base.tiktoken ranks file, for machines that cannot download it."""
     text_column: str = "text"

@@ -157,7 +157,7 @@ def test_too_short_for_the_context_fails_in_prepare_data(tmp_path: Path, data_ca
         ("batch_size", 0, "batch_size must be at least 1"),
         ("num_workers", -1, "num_workers must be 0 or more"),
         ("num_proc", 0, "num_proc must be at least 1"),
-        ("tokenizer", "bpe", "unknown tokenizer 'bpe'; valid names: gpt2, char"),
+        ("tokenizer", "bpe", "unknown tokenizer 'bpe'; valid names: gpt2, gpt2-compact, char"),
         ("source", "", "source must not be empty"),
     ],
 )

@@ -8,7 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minigpt.data import CharTokenizer, DataConfig, DataError, GPT2Tokenizer, PreparedData, prepare
+from minigpt.data import (
+    CharTokenizer,
+    CompactGPT2Tokenizer,
+    DataConfig,
+    DataError,
+    GPT2Tokenizer,
+    PreparedData,
+    prepare,
+)
 
 DOCS = ["The first story.\nIt ends here.", "A second, shorter one 🙂", "Third: <|endoftext|> is just text."]
 
@@ -39,12 +47,37 @@ def test_gpt2_documents_joined_by_endoftext(tmp_path: Path, data_cache: Path, gp
     assert [p.name for p in data_cache.iterdir()] == [prepared.directory.name]  # no Arrow copies left
 
 
+def test_gpt2_compact_stores_compact_ids_of_gpt2s_tokens(
+    tmp_path: Path, data_cache: Path, gpt2: GPT2Tokenizer
+) -> None:
+    source = str(_jsonl(tmp_path / "d.jsonl", DOCS))
+    prepared = prepare(DataConfig(source=source, tokenizer="gpt2-compact", val_fraction=0.25))
+    tokenizer = prepared.tokenizer()
+    assert isinstance(tokenizer, CompactGPT2Tokenizer)
+    expected = [i for doc in DOCS for i in gpt2.encode(doc) + [50256]][:-1]
+    assert tokenizer.n_vocab == len(set(expected) | set(range(256))) == len(tokenizer.gpt2_ids)
+    tokens = _all_tokens(prepared)
+    assert tokens.dtype == np.uint16 and tokens.max() < tokenizer.n_vocab
+    assert tokenizer.gpt2_ids[tokens].tolist() == expected  # the very same tokens, renumbered
+    assert tokenizer.decode(tokens.tolist()) == "<|endoftext|>".join(DOCS)
+    assert tokens.tolist().count(tokenizer.eot_id) == 2  # the literal "<|endoftext|>" in DOCS[2] is text
+    assert prepared.meta["tokenizer"] == tokenizer.spec()
+    assert "-gpt2-compact-" in prepared.directory.name
+    assert prepare(DataConfig(source=source, val_fraction=0.25)).directory != prepared.directory
+    two = prepare(
+        DataConfig(source=source, tokenizer="gpt2-compact", val_fraction=0.25, num_proc=2), tmp_path / "2"
+    )
+    assert (
+        _all_tokens(two).tolist() == tokens.tolist() and two.meta["tokenizer"] == prepared.meta["tokenizer"]
+    )
+
+
 def test_null_texts_are_empty_documents(tmp_path: Path, data_cache: Path, gpt2: GPT2Tokenizer) -> None:
     lines = ['{"text": "alpha"}', '{"text": null}', '{"text": "beta"}']
     (tmp_path / "n.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    for tokenizer in ("gpt2", "char"):
+    for tokenizer in ("gpt2", "gpt2-compact", "char"):
         prepared = prepare(DataConfig(source=str(tmp_path / "n.jsonl"), tokenizer=tokenizer))
-        separator = "<|endoftext|>" if tokenizer == "gpt2" else ""
+        separator = "" if tokenizer == "char" else "<|endoftext|>"
         assert prepared.tokenizer().decode(_all_tokens(prepared).tolist()) == separator.join(
             ["alpha", "", "beta"]
         )

@@ -111,10 +111,10 @@ def test_spec_round_trip(name: str, gpt2: GPT2Tokenizer) -> None:
 
 
 def test_bad_specs_and_names_raise_data_error() -> None:
-    with pytest.raises(DataError, match="valid names: gpt2, char"):
+    with pytest.raises(DataError, match="valid names: gpt2, gpt2-compact, char"):
         tokenizer_from_spec({"name": "sentencepiece"})
     with pytest.raises(DataError, match="does not know"):
         tokenizer_from_spec({"name": "gpt2", "n_vocab": 50304})
-    with pytest.raises(DataError, match="valid names: gpt2, char"):
+    with pytest.raises(DataError, match="valid names: gpt2, gpt2-compact, char"):
         build_tokenizer("bpe")
     assert isinstance(build_tokenizer("char", texts=["ab"]), CharTokenizer)
