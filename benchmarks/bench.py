@@ -557,6 +557,15 @@ def report_matmul(state: State) -> None:
     rep.table(["shape", "dtype", "threads", "median GFLOP/s", "range", "samples"], rows)
 
 
+def quick_spec(spec: TrainSpec) -> bool:
+    """The contestants --quick keeps: one of each kind."""
+    if spec.impl == "ours":
+        return spec.adamw == "fused" and (spec.loss == "full" or (spec.bf16 and spec.chunk == 256))
+    if spec.impl == "peer":
+        return spec.adamw == ("fused" if spec.bf16 else "default")
+    return False
+
+
 def section_train(state: State) -> None:
     args, rep = state.args, state.report
     rep.add("## 2. Training throughput (one full optimizer step)")
@@ -591,6 +600,8 @@ def section_train(state: State) -> None:
         ]
         if load_peer() is None:
             specs = [s for s in specs if s.impl == "ours"]
+        if args.quick:
+            specs = [s for s in specs if quick_spec(s)]
         entries = [TrainEntry(s) for s in specs]
         run_interleaved(
             entries,
@@ -1243,8 +1254,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--malloc",
-        default="default,tuned,nommap",
-        help=f"allocator settings to compare: {', '.join(MALLOC_VARIANTS)}",
+        default=None,
+        help=f"allocator settings to compare: {', '.join(MALLOC_VARIANTS)} (default: all; quick: 2)",
     )
     p.add_argument(
         "--allocator",
@@ -1268,7 +1279,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.batch_div = args.batch_div or (4 if quick else 1)
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.chunks = [int(c) for c in (args.chunks or ("256" if quick else "128,256,512,1024")).split(",") if c]
-    args.malloc = [m for m in args.malloc.split(",") if m]
+    args.malloc = [
+        m for m in (args.malloc or ("default,tuned" if quick else ",".join(MALLOC_VARIANTS))).split(",") if m
+    ]
     for name in args.shapes:
         if name not in SHAPES:
             p.error(f"unknown shape {name!r}; choose from {', '.join(SHAPES)}")
