@@ -76,9 +76,14 @@ def load_model(
     return model.to(device).eval(), tokenizer
 
 
-def _read_lightning_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its index is at the end
+def check_readable(path: Path) -> None:
+    """Fail fast on a truncated or foreign file: torch.save writes a zip archive, index at the end."""
+    if not zipfile.is_zipfile(path):
         raise CheckpointError(f"cannot read checkpoint {path}: truncated or not a PyTorch checkpoint")
+
+
+def _read_lightning_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    check_readable(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:

@@ -10,7 +10,6 @@ import signal
 import socket
 import sys
 import warnings
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from minigpt.model import ConfigError
 
 from .allocator import keep_freed_memory
 from .callbacks import AtomicCheckpointIO, SaveAndStopOnSignal, TokensPerSecond
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, check_readable
 from .config import WandbConfig
 from .lit import DivergenceError, LitGPT
 
@@ -221,17 +220,12 @@ def check_output_dir(out_dir: Path, ckpt_path: str | None) -> None:
     if ckpt_path == "last":
         if not (checkpoints / "last.ckpt").is_file():
             raise UsageError(f"--ckpt_path last: there is no {checkpoints / 'last.ckpt'} to resume from")
-        _check_readable(checkpoints / "last.ckpt")
+        check_readable(checkpoints / "last.ckpt")
     elif ckpt_path is not None:
         path = Path(ckpt_path)
         if not path.is_file():
             raise CheckpointError(f"checkpoint not found: {ckpt_path}")
-        _check_readable(path)
-
-
-def _check_readable(path: Path) -> None:
-    if not zipfile.is_zipfile(path):
-        raise CheckpointError(f"cannot read checkpoint {path}: truncated or not a PyTorch checkpoint")
+        check_readable(path)
 
 
 def train_main(args: list[str] | None = None) -> int:
