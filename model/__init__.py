@@ -2,7 +2,7 @@
 
 from .attention import KVCache, MultiHeadAttention
 from .config import ConfigError, GPTConfig
-from .generation import generate, generate_tokens
+from .generation import LastTokenHead, generate, generate_tokens, optimize_for_decoding
 from .gpt import GPT, MLP, Block
 from .sampling import sample_next, top_k_filter, top_p_filter
 
@@ -13,9 +13,11 @@ __all__ = [
     "ConfigError",
     "GPTConfig",
     "KVCache",
+    "LastTokenHead",
     "MultiHeadAttention",
     "generate",
     "generate_tokens",
+    "optimize_for_decoding",
     "sample_next",
     "top_k_filter",
     "top_p_filter",

@@ -351,7 +351,7 @@ def generate_parser() -> argparse.ArgumentParser:
 
 def generate_main(args: list[str] | None = None) -> int:
     """Parse the command line, load the checkpoint, stream samples. Returns the exit code."""
-    from minigpt.model import generate_tokens
+    from minigpt.model import generate_tokens, optimize_for_decoding
 
     from .checkpoint import load_model
 
@@ -361,6 +361,8 @@ def generate_main(args: list[str] | None = None) -> int:
             raise UsageError("the prompt is empty: pass some text with --prompt (default is a newline)")
         device = ("cuda" if torch.cuda.is_available() else "cpu") if opts.device == "auto" else opts.device
         model, tokenizer = load_model(opts.checkpoint, device=device, tokenizer_path=opts.tokenizer_path)
+        if device == "cpu":
+            optimize_for_decoding(model)
         ids = tokenizer.encode(opts.prompt)
         context = model.config.context_length
         if len(ids) > context:

@@ -1,7 +1,9 @@
+import copy
+
 import pytest
 import torch
 
-from minigpt.model import GPT, GPTConfig, generate, generate_tokens
+from minigpt.model import GPT, GPTConfig, LastTokenHead, generate, generate_tokens, optimize_for_decoding
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +54,31 @@ def test_zero_new_tokens_returns_the_prompt(model: GPT) -> None:
     assert torch.equal(generate(model, prompt, 0), prompt)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, prompt, -1)
+
+
+@pytest.mark.parametrize("slabs", [1, 2, 3, 7, 40])
+def test_last_token_head_matches_the_model_head(model: GPT, slabs: int) -> None:
+    # vocab 64 is not a multiple of 3, 7 or 40 (40 leaves slabs with no rows at all): the padding
+    # must be cut off again.
+    hidden = torch.randn(3, 32, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        expected = model.lm_head(hidden)
+        actual = LastTokenHead(model, slabs=slabs)(hidden)
+    assert actual.shape == (3, 64)
+    torch.testing.assert_close(actual, expected)
+
+
+def test_decoding_layout_keeps_values_and_tokens() -> None:
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=64, context_length=12, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(config).eval()
+    reference = copy.deepcopy(model)
+    optimize_for_decoding(model)
+    weight = model.transformer.h[0].mlp.c_fc.weight
+    assert weight.shape == (128, 32) and weight.stride() == (1, 128)  # input-major
+    for (name, ours), theirs in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
+        assert torch.equal(ours, theirs), name
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    assert torch.equal(
+        generate(model, prompt, 20, temperature=0.0), generate(reference, prompt, 20, temperature=0.0)
+    )
