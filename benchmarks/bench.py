@@ -48,7 +48,7 @@ from minigpt.training.config import OptimConfig
 from minigpt.training.loss import fused_linear_cross_entropy, next_token_loss
 from minigpt.training.optim import build_optimizer
 
-SECTIONS = ("matmul", "train", "alloc", "compile", "lightning", "generate", "data")
+SECTIONS = ("matmul", "train", "alloc", "bound", "compile", "lightning", "generate", "data")
 """alloc also covers thread counts, in the same interleaved grid."""
 PEER_PACKAGE = "llms-from-scratch"
 PEER_INSTALL = "pip install --no-deps llms-from-scratch"
@@ -529,6 +529,8 @@ class State:
     report: Report
     matmul: Matmul
     best_chunk: int = 256
+    fastest: dict[str, tuple[str, float]] = field(default_factory=dict)
+    """Per shape: the fastest contestant of each kind ("ours", "peer") in section 2, (label, tokens/s)."""
 
 
 def section_matmul_rounds(state: State) -> None:
@@ -636,9 +638,111 @@ def section_train(state: State) -> None:
             state.best_chunk = max(fused, key=lambda e: median(list(e.tps.values()))).spec.chunk
             rep.add(f"Fastest fused-CE chunk on this run: {state.best_chunk} rows.")
             rep.add()
+        for kind in ("ours", "peer"):
+            timed = [e for e in entries if e.spec.impl.startswith(kind) and e.tps]
+            if timed:
+                best = max(timed, key=lambda e: median(list(e.tps.values())))
+                state.fastest[f"{shape_name} {kind}"] = (best.spec.name, median(list(best.tps.values())))
         for e in entries:
             e.release()
         gc.collect()
+
+
+def step_matmuls(shape: Shape, batch: int) -> list[tuple[str, int, int, int, int]]:
+    """The matrix products of one training step, as (what, batch, m, k, n).
+
+    Each linear layer (in -> out) over N = batch x context rows costs three products: the forward
+    (N, in) @ (in, out), the input gradient (N, out) @ (out, in) and the weight gradient
+    (out, N) @ (N, in). Attention costs six batched products per layer over batch x heads: QK^T
+    and PV forward; dV, dP, dQ, dK backward. Their FLOPs add up to exactly the model FLOPs that
+    MFU counts.
+    """
+    n, c, t = batch * shape.context, shape.n_embd, shape.context
+    heads, hs = batch * shape.n_head, shape.n_embd // shape.n_head
+    linears = [("q, k, v, out", c, c, 4 * shape.n_layer), ("fc", c, 4 * c, shape.n_layer)]
+    linears += [("proj", 4 * c, c, shape.n_layer), ("lm head", c, shape.vocab, 1)]
+    products = []
+    for what, d_in, d_out, count in linears:
+        products += [
+            (what, count, n, d_in, d_out),
+            (what, count, n, d_out, d_in),
+            (what, count, d_out, n, d_in),
+        ]
+    layers = shape.n_layer
+    products += [("attention", layers * heads, t, hs, t), ("attention", layers * heads, t, t, hs)]
+    products += [("attention", layers * heads, t, t, hs)] * 3 + [("attention", layers * heads, t, hs, t)]
+    return products
+
+
+def section_bound(state: State) -> None:
+    """How fast a step could be if it were nothing but its matrix products."""
+    args, rep = state.args, state.report
+    rep.add("## 2b. The matmul bound")
+    rep.add()
+    rep.add(
+        "Every matrix product of one training step at each shape (`step_matmuls`), timed alone in "
+        "bf16 on preallocated operands and outputs (no allocation, no casts, no page faults), best "
+        "of 5 per product. Their sum is a floor on the step time of *any* implementation that uses "
+        "PyTorch's CPU matmuls, so tokens per step / sum is a ceiling on its tokens/s. The flash "
+        "attention kernel's recomputation, the loss, the norms, the optimizer and the casts are "
+        "left out, which only makes the ceiling higher. Measured while nothing else runs."
+    )
+    rep.add()
+    rows = []
+    ceilings: dict[str, float] = {}
+    for shape_name in args.shapes:
+        shape = SHAPES[shape_name]
+        batch = max(1, shape.batch // args.batch_div)
+        seconds: dict[str, float] = {}
+        flops = 0
+        for what, count, m, k, n in step_matmuls(shape, batch):
+            bmm = what == "attention"
+            a = torch.randn((count, m, k) if bmm else (m, k)).to(torch.bfloat16)
+            b = torch.randn((count, k, n) if bmm else (k, n)).to(torch.bfloat16)
+            out = torch.empty((count, m, n) if bmm else (m, n), dtype=torch.bfloat16)
+            best = float("inf")
+            for _ in range(6):  # the first call sets up the kernel
+                start = now()
+                torch.matmul(a, b, out=out)
+                best = min(best, now() - start)
+            seconds[what] = seconds.get(what, 0.0) + best * (1 if bmm else count)
+            flops += 2 * count * m * k * n
+            del a, b, out
+        tokens = batch * shape.context
+        if flops != shape.flops_per_token() * tokens:
+            raise RuntimeError(
+                f"step_matmuls counts {flops} FLOPs, the model {shape.flops_per_token() * tokens}"
+            )
+        total = sum(seconds.values())
+        ceilings[shape_name] = tokens / total
+        peak = state.matmul.probe("bf16")
+        parts = ", ".join(f"{k} {1e3 * v:.0f}" for k, v in seconds.items())
+        rows.append(
+            [
+                shape_name,
+                f"{1e3 * total:.0f} ({parts})",
+                fmt(ceilings[shape_name]),
+                fmt(100 * flops / total / 1e9 / peak, 1),
+            ]
+        )
+    rep.table(["shape", "matmul ms per step (by layer kind)", "ceiling tokens/s", "ceiling MFU %"], rows)
+    rows = []
+    for key, (label, tps) in state.fastest.items():
+        shape_name = key.split()[0]
+        if shape_name in ceilings:
+            ceiling = ceilings[shape_name]
+            rows.append(
+                [shape_name, label, fmt(tps), fmt(100 * tps / ceiling, 0), f"{fmt(ceiling / tps, 2)}x"]
+            )
+    if rows:
+        rep.add(
+            "The fastest of ours and of the peer in each measurement above (section 2 in the main "
+            "process's allocator setting, the lever table per setting) against the ceiling. The last "
+            "column is the largest speed-up over that row any implementation could reach with these "
+            "kernels."
+        )
+        rep.add()
+        rep.table(["shape", "fastest", "tokens/s", "% of ceiling", "ceiling / this"], rows)
 
 
 # glibc mallopt parameters
@@ -788,6 +892,17 @@ def section_alloc(state: State) -> None:
     finally:
         for worker in workers.values():
             worker.close()
+    for v in variants:
+        for kind in ("ours", "peer"):
+            timed = [
+                (spec, results[v, i])
+                for i, spec in enumerate(specs)
+                if spec.impl.startswith(kind) and spec.threads == many and results[v, i].tps
+            ]
+            if timed:
+                spec, best = max(timed, key=lambda pair: median(list(pair[1].tps.values())))
+                label = f"{spec.name}, allocator {v}"
+                state.fastest[f"small {kind} {v}"] = (label, median(list(best.tps.values())))
     rep.add("## Levers: allocator settings and threads")
     rep.add()
     rep.add(
@@ -1412,6 +1527,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sections = {
         "train": section_train,
+        "bound": section_bound,
         "alloc": section_alloc,
         "compile": section_compile,
         "lightning": section_lightning,
