@@ -89,7 +89,7 @@ class Shape:
     n_embd: int
     batch: int
 
-    def gpt_config(self, context: int | None = None) -> GPTConfig:
+    def gpt_config(self, context: int | None = None, attention: str = "auto") -> GPTConfig:
         return GPTConfig(
             vocab_size=self.vocab,
             context_length=context or self.context,
@@ -97,6 +97,7 @@ class Shape:
             n_head=self.n_head,
             n_embd=self.n_embd,
             dropout=0.0,
+            attention=attention,
         )
 
     def peer_config(self, context: int | None = None) -> dict[str, Any]:
@@ -307,6 +308,8 @@ class TrainSpec:
     """"fused": AdamW(fused=True); "default": AdamW's default on CPU (a per-tensor for-loop)."""
     compile: bool = False
     threads: int | None = None
+    attention: str = "auto"
+    """Ours only: the model's `attention` setting ("auto" is the explicit path on CPU)."""
 
     @property
     def dtype(self) -> str:
@@ -319,6 +322,8 @@ class TrainSpec:
         if self.impl == "ours":
             parts.append(f"fused CE {self.chunk}" if self.loss == "fused" else "full-logits CE")
         parts.append("AdamW fused" if self.adamw == "fused" else "AdamW default")
+        if self.attention != "auto":
+            parts.append(f"{self.attention} attention")
         if self.compile:
             parts.append("torch.compile")
         if self.threads is not None:
@@ -339,7 +344,7 @@ def build_train_step(spec: TrainSpec, batch_div: int) -> tuple[Callable[[], torc
     torch.manual_seed(0)
     fused_adamw = spec.adamw == "fused"
     if spec.impl == "ours":
-        model: nn.Module = GPT(shape.gpt_config())
+        model: nn.Module = GPT(shape.gpt_config(attention=spec.attention))
         optimizer = build_optimizer(model, OptimConfig(**{**asdict(OPTIM), "fused": fused_adamw}))
     else:
         peer = load_peer()
@@ -591,6 +596,7 @@ def section_train(state: State) -> None:
         if shape.vocab > 1000:
             specs.append(TrainSpec(shape_name, "ours", False, "fused", 256))
         specs.append(TrainSpec(shape_name, "ours", True))
+        specs.append(TrainSpec(shape_name, "ours", True, attention="sdpa"))
         if shape.vocab > 1000:
             specs += [TrainSpec(shape_name, "ours", True, "fused", c) for c in args.chunks]
             specs.append(TrainSpec(shape_name, "ours", True, "fused", 256, adamw="default"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .attention import ATTENTION_PATHS
+
 
 class ConfigError(ValueError):
     """A configuration value a user set is invalid; the message is one line naming it."""
@@ -31,6 +33,10 @@ class GPTConfig:
     """Bias in LayerNorms, MLP and output projections, as in GPT-2."""
     tie_weights: bool = True
     """Share the token embedding with the output head (GPT-2 does; saves vocab x n_embd parameters)."""
+    attention: str = "auto"
+    """How attention is computed: "sdpa" (PyTorch's fused kernels), "explicit" (the textbook
+    matmul-mask-softmax-matmul) or "auto" (SDPA on GPUs, explicit on CPU, where it is faster).
+    Same results either way, so it may change between a run and its resume."""
 
     def __post_init__(self) -> None:
         for name in ("context_length", "n_layer", "n_head", "n_embd"):
@@ -40,6 +46,10 @@ class GPTConfig:
             raise ConfigError(f"model vocab_size must be at least 1, got {self.vocab_size}")
         if self.n_embd % self.n_head:
             raise ConfigError(f"model n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        if self.attention not in ATTENTION_PATHS:
+            raise ConfigError(
+                f"model attention must be one of {', '.join(ATTENTION_PATHS)}, got {self.attention!r}"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model dropout must be in [0, 1), got {self.dropout}")
 

@@ -42,6 +42,7 @@ class Block(nn.Module):
             num_heads=config.n_head,
             qkv_bias=config.qkv_bias,
             proj_bias=config.bias,
+            attention=config.attention,
         )
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)

@@ -44,11 +44,15 @@ def naive_attention(mha: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
     return mha.out_proj(out)
 
 
+PATHS = ["sdpa", "explicit"]
+
+
+@pytest.mark.parametrize("attention", PATHS)
 @pytest.mark.parametrize("return_weights", [False, True])
-def test_reproduces_the_worked_example(return_weights: bool) -> None:
+def test_reproduces_the_worked_example(return_weights: bool, attention: str) -> None:
     batch = torch.stack((INPUTS, INPUTS), dim=0)
     torch.manual_seed(123)
-    mha = MultiHeadAttention(3, 2, 6, 0.0, num_heads=2)
+    mha = MultiHeadAttention(3, 2, 6, 0.0, num_heads=2, attention=attention)
     out = mha(batch, return_weights=return_weights)
     out = out[0] if return_weights else out
     assert out.shape == (2, 6, 2)
@@ -61,13 +65,30 @@ def test_both_paths_match_a_naive_reference() -> None:
     mha = MultiHeadAttention(16, 24, 10, 0.0, num_heads=3, qkv_bias=True)
     x = torch.randn(2, 10, 16)
     reference = naive_attention(mha, x)
-    assert_close(mha(x), reference)
+    for attention in PATHS:
+        mha.attention = attention
+        assert_close(mha(x), reference)
     assert_close(mha(x, return_weights=True)[0], reference)
+
+
+def test_auto_takes_the_explicit_path_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k)
+    )
+    x = torch.randn(1, 5, 8)
+    MultiHeadAttention(8, 8, 6, 0.0, num_heads=2)(x)
+    assert calls == []
+    MultiHeadAttention(8, 8, 6, 0.0, num_heads=2, attention="sdpa")(x)
+    assert calls == [1]
+    with pytest.raises(ValueError, match="attention must be one of auto, sdpa, explicit"):
+        MultiHeadAttention(8, 8, 6, 0.0, num_heads=2, attention="flash")
 
 
 def test_fused_and_explicit_paths_agree_in_outputs_and_gradients() -> None:
     torch.manual_seed(0)
-    mha = MultiHeadAttention(32, 32, 16, 0.0, num_heads=4)
+    mha = MultiHeadAttention(32, 32, 16, 0.0, num_heads=4, attention="sdpa")
     x = torch.randn(3, 16, 32, requires_grad=True)
     fused = mha(x)
     grads_fused = torch.autograd.grad(fused.square().sum(), [x, *mha.parameters()])
@@ -120,10 +141,11 @@ def test_dropout_acts_on_attention_weights_only_in_training() -> None:
     assert_close(mha(x), mha(x, return_weights=True)[0])
 
 
+@pytest.mark.parametrize("attention", PATHS)
 @pytest.mark.parametrize("chunks", [[6], [1, 1, 1, 1, 1, 1], [3, 1, 2], [2, 4]])
-def test_kv_cache_continues_the_sequence_exactly(chunks: list[int]) -> None:
+def test_kv_cache_continues_the_sequence_exactly(chunks: list[int], attention: str) -> None:
     torch.manual_seed(0)
-    mha = MultiHeadAttention(8, 8, 6, 0.0, num_heads=2).eval()
+    mha = MultiHeadAttention(8, 8, 6, 0.0, num_heads=2, attention=attention).eval()
     x = torch.randn(2, 6, 8)
     cache = KVCache(2, 2, 6, 4)
     pieces, start = [], 0

@@ -87,6 +87,7 @@ def test_too_long_input_is_rejected() -> None:
         (dict(n_embd=30, n_head=4), "n_embd \\(30\\) must be divisible by n_head \\(4\\)"),
         (dict(n_layer=0), "n_layer must be at least 1"),
         (dict(dropout=1.0), "dropout"),
+        (dict(attention="flash"), "model attention must be one of auto, sdpa, explicit"),
     ],
 )
 def test_bad_config_names_the_problem(overrides: dict, message: str) -> None:
