@@ -356,6 +356,10 @@ def main() -> None:
     args.source = str(Path(args.text).resolve()) if args.text else "shakespeare"
     args.source_label = Path(args.text).name if args.text else "the built-in Shakespeare corpus"
     cfg = read_config(args.config)
+    if cfg["tokenizer"] not in ("gpt2", "gpt2-compact"):
+        raise SystemExit(
+            f"error: {args.config.name} uses the {cfg['tokenizer']} tokenizer; the peer needs GPT-2's"
+        )
     datasets.disable_progress_bars()
     with tempfile.TemporaryDirectory(prefix="minigpt-quality-") as tmp:
         work = Path(tmp)

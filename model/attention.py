@@ -7,8 +7,9 @@ scaled-dot-product attention (SDPA), and a key/value cache for generation.
 
 Which path runs is the `attention` setting. "auto" takes SDPA on GPUs, where its flash kernels
 save time and memory, and the textbook computation on CPU, where PyTorch's flash kernel measured
-about 2x slower than it for forward + backward at contexts 128 and 256 (a whole training step
-1.06x-1.2x faster; `benchmarks/bench.py`).
+about 2x slower than it for forward + backward at contexts 128 and 256 (a whole bf16 training
+step 1.06x-1.2x faster; `benchmarks/bench.py`). Decoding one token at a time on CPU still takes
+SDPA: there one fused call beats five small ones (about 1.05x faster generation).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 ATTENTION_PATHS = ("auto", "sdpa", "explicit")
-"""Values of the `attention` setting: SDPA on GPUs and explicit on CPU, always SDPA, always explicit."""
+"""Values of the `attention` setting: SDPA on GPUs and explicit on CPU (but for one-token steps),
+always SDPA, always explicit."""
 
 
 class KVCache:
@@ -141,7 +143,10 @@ class MultiHeadAttention(nn.Module):
         return (out, weights) if return_weights else out
 
     def _use_sdpa(self, x: torch.Tensor) -> bool:
-        return self.attention == "sdpa" or (self.attention == "auto" and x.device.type != "cpu")
+        if self.attention != "auto":
+            return self.attention == "sdpa"
+        # On CPU, one new token at a time (decoding) is the case where SDPA's single call wins.
+        return x.device.type != "cpu" or x.shape[1] == 1
 
     def _explicit_attention(
         self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int

@@ -35,8 +35,9 @@ class GPTConfig:
     """Share the token embedding with the output head (GPT-2 does; saves vocab x n_embd parameters)."""
     attention: str = "auto"
     """How attention is computed: "sdpa" (PyTorch's fused kernels), "explicit" (the textbook
-    matmul-mask-softmax-matmul) or "auto" (SDPA on GPUs, explicit on CPU, where it is faster).
-    Same results either way, so it may change between a run and its resume."""
+    matmul-mask-softmax-matmul) or "auto" (SDPA on GPUs; explicit on CPU, where it trains faster,
+    except for one-token decoding steps). Same results either way, so it may change between a run
+    and its resume."""
 
     def __post_init__(self) -> None:
         for name in ("context_length", "n_layer", "n_head", "n_embd"):

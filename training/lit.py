@@ -38,6 +38,7 @@ class LitGPT(L.LightningModule):
         optim: OptimConfig = OptimConfig(),
         sample: SampleConfig = SampleConfig(),
         fused_loss: bool = False,
+        compile: bool = False,
     ) -> None:
         """
         Args:
@@ -48,13 +49,24 @@ class LitGPT(L.LightningModule):
                 the full logits: same result in far less memory with a large vocabulary. Off by
                 default: with the allocator tuned (--keep_freed_memory) full logits are ~10% faster
                 on CPU.
+            compile: Run the network's blocks through `torch.compile` (the loss and sampling stay
+                eager). The first training step and the first validation each pay a compile of
+                tens of seconds; see benchmarks/RESULTS.md for what it gains on your shapes.
         """
         super().__init__()
         # Plain dicts, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters(
-            {"gpt": asdict(gpt), "optim": asdict(optim), "sample": asdict(sample), "fused_loss": fused_loss}
+            {
+                "gpt": asdict(gpt),
+                "optim": asdict(optim),
+                "sample": asdict(sample),
+                "fused_loss": fused_loss,
+                "compile": compile,
+            }
         )
         self.fused_loss = fused_loss
+        self._compile = compile
+        self._features: Any = None
         self.gpt_config = gpt
         self.optim_config = optim
         self.sample_config = sample
@@ -92,9 +104,13 @@ class LitGPT(L.LightningModule):
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of the model on inputs x (B, T) and targets y (B, T)."""
+        if self._features is None:  # on first use, so that a model assigned directly works too
+            # Compiling the bound method leaves the module, and so its state_dict, untouched.
+            self._features = torch.compile(self.model.features) if self._compile else self.model.features
+        hidden = self._features(x)
         if self.fused_loss:
-            return fused_linear_cross_entropy(self.model.features(x), self.model.lm_head.weight, y)
-        return next_token_loss(self.model(x), y)
+            return fused_linear_cross_entropy(hidden, self.model.lm_head.weight, y)
+        return next_token_loss(self.model.lm_head(hidden), y)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch

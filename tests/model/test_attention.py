@@ -71,7 +71,7 @@ def test_both_paths_match_a_naive_reference() -> None:
     assert_close(mha(x, return_weights=True)[0], reference)
 
 
-def test_auto_takes_the_explicit_path_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_takes_the_explicit_path_on_cpu_except_for_one_token(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(
@@ -82,6 +82,8 @@ def test_auto_takes_the_explicit_path_on_cpu(monkeypatch: pytest.MonkeyPatch) ->
     assert calls == []
     MultiHeadAttention(8, 8, 6, 0.0, num_heads=2, attention="sdpa")(x)
     assert calls == [1]
+    MultiHeadAttention(8, 8, 6, 0.0, num_heads=2)(x[:, :1])  # a decoding step
+    assert calls == [1, 1]
     with pytest.raises(ValueError, match="attention must be one of auto, sdpa, explicit"):
         MultiHeadAttention(8, 8, 6, 0.0, num_heads=2, attention="flash")
 

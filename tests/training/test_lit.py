@@ -66,6 +66,26 @@ def test_fused_and_plain_loss_agree(corpus: Path, tmp_path: Path) -> None:
     assert_close(fused.loss(x, y), plain.loss(x, y))
 
 
+def test_compiled_blocks_give_the_eager_loss_and_gradients(corpus: Path, tmp_path: Path) -> None:
+    data = datamodule(corpus, tmp_path)
+    data.prepare_data()
+    data.setup("fit")
+    x, y = next(iter(data.train_dataloader()))
+    torch.manual_seed(0)
+    net = Network(replace(GPT, vocab_size=data.vocab_size))
+    compiled, eager = LitGPT(GPT, compile=True), LitGPT(GPT)
+    compiled.model = eager.model = net
+    losses, grads = [], []
+    for lit in (compiled, eager):
+        loss = lit.loss(x, y)
+        losses.append(loss)
+        grads.append(torch.autograd.grad(loss, list(net.parameters())))
+    assert compiled._features is not net.features  # the compiled wrapper, not the plain method
+    assert_close(losses[0], losses[1])
+    for a, b in zip(*grads, strict=True):
+        assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_vocab_smaller_than_the_tokenizer_is_refused(corpus: Path, tmp_path: Path) -> None:
     lit = LitGPT(replace(GPT, vocab_size=3), sample=SampleConfig(max_new_tokens=0))
     trainer = L.Trainer(
