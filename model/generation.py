@@ -32,9 +32,12 @@ class LastTokenHead:
     """
 
     def __init__(self, model: GPT, slabs: int | None = None) -> None:
-        weight = model.lm_head.weight.detach()
+        weight = model.lm_head.weight
         self._head = model.lm_head
         self._slabs = None
+        # What the copy was made from: a training step changes the version, a reload the storage.
+        self._source = (weight.data_ptr(), weight._version)
+        weight = weight.detach()
         if weight.device.type != "cpu":
             return
         vocab, width = weight.shape
@@ -44,6 +47,17 @@ class LastTokenHead:
         for i, rows in enumerate(weight.split(per_slab)):
             self._slabs[i, :, : rows.shape[0]] = rows.t()
         self._vocab = vocab
+
+    def matches(self, model: GPT) -> bool:
+        """Whether this copy still reflects `model`'s head weights."""
+        weight = model.lm_head.weight
+        return self._head is model.lm_head and self._source == (weight.data_ptr(), weight._version)
+
+    @classmethod
+    def of(cls, model: GPT) -> LastTokenHead:
+        """The head `optimize_for_decoding` prepared, while it is current; otherwise a new one."""
+        head = getattr(model, "_last_token_head", None)
+        return head if head is not None and head.matches(model) else cls(model)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._slabs is None:
@@ -56,15 +70,19 @@ class LastTokenHead:
 
 @torch.no_grad()
 def optimize_for_decoding(model: GPT) -> GPT:
-    """Store each block's linear weights input-major (strides only; shapes and values unchanged).
+    """Prepare `model` for generation: returns it, changed in place.
 
-    A one-row matmul against an (out, in) row-major weight runs at about half the memory
-    bandwidth it gets from the same weight stored (in, out). Returns `model`, changed in place.
+    Stores each block's linear weights input-major (strides only; shapes and values unchanged):
+    a one-row matmul against an (out, in) row-major weight runs at about half the memory
+    bandwidth it gets from the same weight stored (in, out). Also builds the `LastTokenHead`
+    once, so that each generation call does not copy the head again; it is rebuilt if the
+    weights change.
     """
     for block in model.transformer.h:
         for module in block.modules():
             if isinstance(module, nn.Linear):
                 module.weight.data = module.weight.data.t().contiguous().t()
+    model._last_token_head = LastTokenHead(model)
     return model
 
 
@@ -96,7 +114,7 @@ def generate_tokens(
         raise ValueError("the prompt must contain at least one token")
     context = model.config.context_length
     caches = model.new_kv_caches(idx.shape[0]) if use_cache else None
-    head = LastTokenHead(model)
+    head = LastTokenHead.of(model)
     finished = torch.zeros(idx.shape[0], dtype=torch.bool, device=idx.device)
     for _ in range(max_new_tokens):
         window = idx[:, -context:]

@@ -82,3 +82,19 @@ def test_decoding_layout_keeps_values_and_tokens() -> None:
     assert torch.equal(
         generate(model, prompt, 20, temperature=0.0), generate(reference, prompt, 20, temperature=0.0)
     )
+
+
+def test_prepared_head_is_reused_until_the_weights_change() -> None:
+    torch.manual_seed(0)
+    model = optimize_for_decoding(
+        GPT(GPTConfig(vocab_size=64, context_length=12, n_layer=1, n_head=2, n_embd=32))
+    )
+    prepared = LastTokenHead.of(model)
+    assert prepared is model._last_token_head
+    hidden = torch.randn(2, 32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)  # what an optimizer step does to the tied weights
+    fresh = LastTokenHead.of(model)
+    assert fresh is not prepared
+    with torch.inference_mode():
+        torch.testing.assert_close(fresh(hidden), model.lm_head(hidden))
