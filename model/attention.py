@@ -6,10 +6,9 @@ projection) and adds two things a real model needs: a path through PyTorch's fus
 scaled-dot-product attention (SDPA), and a key/value cache for generation.
 
 Which path runs is the `attention` setting. "auto" takes SDPA on GPUs, where its flash kernels
-save time and memory, and the textbook computation on CPU, where PyTorch's flash kernel measured
-about 2x slower than it for forward + backward at contexts 128 and 256 (a whole bf16 training
-step 1.06x-1.2x faster; `benchmarks/bench.py`). Decoding one token at a time on CPU still takes
-SDPA: there one fused call beats five small ones (about 1.05x faster generation).
+save time and memory, and the textbook computation on CPU, where PyTorch's flash kernel made a
+whole bf16 training step slower (char shape: 5,686 vs 6,499 tokens/s, benchmarks/RESULTS.md).
+Decoding one token at a time on CPU takes SDPA: one call instead of five small ones.
 """
 
 from __future__ import annotations
@@ -155,7 +154,9 @@ class MultiHeadAttention(nn.Module):
         total = keys.shape[2]
         scores = queries @ keys.transpose(2, 3)  # (B, nh, T, T_total)
         scores = scores.masked_fill(self.mask[past:total, :total], float("-inf"))
-        weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
+        # Softmax in fp32 even under bf16 autocast (CPU autocast would keep it in bf16), as SDPA
+        # kernels do internally: bf16 attention weights cost small.yaml ~0.2 nats of val loss.
+        weights = torch.softmax(scores / self.head_dim**0.5, dim=-1, dtype=torch.float32).to(values.dtype)
         weights = self.dropout(weights)
         return weights @ values, weights  # (B, nh, T, hs)
 

@@ -47,8 +47,8 @@ class LitGPT(L.LightningModule):
             sample: The sample generated at each validation.
             fused_loss: Compute the LM head and the loss a chunk of rows at a time, never holding
                 the full logits: same result in far less memory with a large vocabulary. Off by
-                default: with the allocator tuned (--keep_freed_memory) full logits are ~10% faster
-                on CPU.
+                default: with the allocator tuned (--keep_freed_memory) full logits are faster on
+                CPU (benchmarks/RESULTS.md, allocator levers).
             compile: Run the network's blocks through `torch.compile` (the loss and sampling stay
                 eager). The first training step and the first validation each pay a compile of
                 tens of seconds; see benchmarks/RESULTS.md for what it gains on your shapes.
