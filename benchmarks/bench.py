@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minigpt.model import GPT, GPTConfig, generate, optimize_for_decoding
+from minigpt.training import allocator
 from minigpt.training.config import OptimConfig
 from minigpt.training.loss import fused_linear_cross_entropy, next_token_loss
 from minigpt.training.optim import build_optimizer
@@ -754,11 +755,11 @@ def section_bound(state: State) -> None:
 
 
 # glibc mallopt parameters
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+M_MMAP_MAX = -4
 MALLOC_VARIANTS: dict[str, dict[int, int]] = {
     "default": {},
-    "tuned": {M_MMAP_THRESHOLD: 1 << 30, M_TRIM_THRESHOLD: (1 << 31) - 1},
-    "nommap": {M_MMAP_MAX: 0, M_TRIM_THRESHOLD: (1 << 31) - 1},
+    "tuned": dict(allocator.SETTINGS),  # exactly what train.py applies (--keep_freed_memory)
+    "nommap": {M_MMAP_MAX: 0, allocator.M_TRIM_THRESHOLD: (1 << 31) - 1},
 }
 MALLOC_DESCRIPTIONS = {
     "default": "glibc defaults (allocations above a dynamic threshold, at most 32 MiB, are mmap'ed "

@@ -139,7 +139,8 @@ def run_ours(
         result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=work)
     if result.returncode != 0:
         raise SystemExit(f"train.py failed (exit {result.returncode}); see {work / 'ours.log'}")
-    rows = list(csv.DictReader(open(run_dir / "csv" / "version_0" / "metrics.csv")))
+    with open(run_dir / "csv" / "version_0" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
     steps = max(int(r["step"]) for r in rows) + 1
     # Lightning's Timer is the budget; the step-time column gives the training time it measured.
     speeds = [float(r["tokens_per_sec"]) for r in rows if r.get("tokens_per_sec")]

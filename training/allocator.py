@@ -16,8 +16,10 @@ import sys
 
 log = logging.getLogger(__name__)
 
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+SETTINGS = {M_MMAP_THRESHOLD: 1 << 30, M_TRIM_THRESHOLD: (1 << 31) - 1}
+"""glibc mallopt parameters and values: no mmap below 1 GiB, never trim the heap (benchmarks use them too)."""
 
 
 def keep_freed_memory() -> bool:
@@ -29,7 +31,7 @@ def keep_freed_memory() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False  # not glibc (e.g. musl): nothing to tune
-    ok = mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1 and mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) == 1
+    ok = all(mallopt(param, value) == 1 for param, value in SETTINGS.items())
     if not ok:
         log.warning("could not tune the memory allocator; training runs at default speed")
     return ok
