@@ -450,15 +450,27 @@ class TrainEntry:
 
 
 def run_interleaved(
-    entries: list, repeats: int, steps: int, warmup: int, batch_div: int, matmul: Matmul, title: str
+    entries: list,
+    repeats: int,
+    steps: int,
+    warmup: int,
+    batch_div: int,
+    matmul: Matmul,
+    title: str,
+    each_round: Callable[[int], None] | None = None,
 ) -> None:
-    """Prepare every entry, then `repeats` rounds of one timed block per entry in rotating order."""
+    """Prepare every entry, then `repeats` rounds of one timed block per entry in rotating order.
+
+    Each round starts with a matmul round and `each_round(r)`, if given.
+    """
     log(f"[{title}] building and warming up {len(entries)} contestants")
     for entry in entries:
         entry.prepare(warmup, batch_div)
     for r in range(repeats):
         log(f"[{title}] repeat {r + 1}/{repeats}")
         matmul.round()
+        if each_round is not None:
+            each_round(r)
         for entry in rotated(entries, r):
             entry.measure(r, steps, matmul)
 
@@ -537,8 +549,10 @@ class State:
     report: Report
     matmul: Matmul
     best_chunk: int = 256
-    fastest: dict[str, tuple[str, float]] = field(default_factory=dict)
-    """Per shape: the fastest contestant of each kind ("ours", "peer") in section 2, (label, tokens/s)."""
+    bound: MatmulBound = field(default_factory=lambda: MatmulBound())
+    fastest: dict[str, tuple[str, str, dict[int, float]]] = field(default_factory=dict)
+    """The fastest contestant of each kind ("ours", "peer") per shape and measurement, as (label,
+    the section whose bound rounds it pairs with, tokens/s per repeat)."""
 
 
 def section_matmul_rounds(state: State) -> None:
@@ -623,6 +637,7 @@ def section_train(state: State) -> None:
             args.batch_div,
             state.matmul,
             f"train {shape_name}",
+            lambda r, name=shape_name, b=batch: state.bound.measure("train", name, b, r),
         )
         baseline = next(
             (e for e in entries if e.spec == TrainSpec(shape_name, "peer", False, adamw="default")), None
@@ -651,7 +666,7 @@ def section_train(state: State) -> None:
             timed = [e for e in entries if e.spec.impl.startswith(kind) and e.tps]
             if timed:
                 best = max(timed, key=lambda e: median(list(e.tps.values())))
-                state.fastest[f"{shape_name} {kind}"] = (best.spec.name, median(list(best.tps.values())))
+                state.fastest[f"{shape_name} {kind}"] = (best.spec.name, "train", best.tps)
         for e in entries:
             e.release()
         gc.collect()
@@ -683,25 +698,19 @@ def step_matmuls(shape: Shape, batch: int) -> list[tuple[str, int, int, int, int
     return products
 
 
-def section_bound(state: State) -> None:
-    """How fast a step could be if it were nothing but its matrix products."""
-    args, rep = state.args, state.report
-    rep.add("## 2b. The matmul bound")
-    rep.add()
-    rep.add(
-        "Every matrix product of one training step at each shape (`step_matmuls`), timed alone in "
-        "bf16 on preallocated operands and outputs (no allocation, no casts, no page faults), best "
-        "of 5 per product. Their sum is a floor on the step time of *any* implementation that uses "
-        "PyTorch's CPU matmuls, so tokens per step / sum is a ceiling on its tokens/s. The flash "
-        "attention kernel's recomputation, the loss, the norms, the optimizer and the casts are "
-        "left out, which only makes the ceiling higher. Measured while nothing else runs."
-    )
-    rep.add()
-    rows = []
-    ceilings: dict[str, float] = {}
-    for shape_name in args.shapes:
+class MatmulBound:
+    """The matrix products of a training step, each timed alone: one round per training repeat.
+
+    A round takes a few seconds per shape. Spreading the rounds over the run, next to the timed
+    blocks they are compared with, keeps a slow phase of the machine from skewing the ceiling.
+    """
+
+    def __init__(self) -> None:
+        self.rounds: dict[tuple[str, str], dict[int, dict[str, float]]] = {}
+        """(section, shape) -> repeat -> seconds per layer kind."""
+
+    def measure(self, section: str, shape_name: str, batch: int, r: int) -> None:
         shape = SHAPES[shape_name]
-        batch = max(1, shape.batch // args.batch_div)
         seconds: dict[str, float] = {}
         flops = 0
         for what, count, m, k, n in step_matmuls(shape, batch):
@@ -710,7 +719,7 @@ def section_bound(state: State) -> None:
             b = torch.randn((count, k, n) if bmm else (k, n)).to(torch.bfloat16)
             out = torch.empty((count, m, n) if bmm else (m, n), dtype=torch.bfloat16)
             best = float("inf")
-            for _ in range(6):  # the first call sets up the kernel
+            for _ in range(4):  # the first call sets up the kernel and touches the output
                 start = now()
                 torch.matmul(a, b, out=out)
                 best = min(best, now() - start)
@@ -722,31 +731,92 @@ def section_bound(state: State) -> None:
             raise RuntimeError(
                 f"step_matmuls counts {flops} FLOPs, the model {shape.flops_per_token() * tokens}"
             )
-        total = sum(seconds.values())
-        ceilings[shape_name] = tokens / total
-        peak = state.matmul.probe("bf16")
-        parts = ", ".join(f"{k} {1e3 * v:.0f}" for k, v in seconds.items())
+        self.rounds.setdefault((section, shape_name), {})[r] = seconds
+
+    def totals(self, section: str, shape_name: str) -> dict[int, float]:
+        """Seconds of all the step's products, per repeat."""
+        return {r: sum(parts.values()) for r, parts in self.rounds.get((section, shape_name), {}).items()}
+
+    def ceilings(self, section: str, shape_name: str, batch: int) -> dict[int, float]:
+        """Tokens/s of a step that was nothing but its matrix products, per repeat."""
+        tokens = batch * SHAPES[shape_name].context
+        return {r: tokens / total for r, total in self.totals(section, shape_name).items()}
+
+
+def section_bound(state: State) -> None:
+    """How fast a step could be if it were nothing but its matrix products."""
+    args, rep = state.args, state.report
+    batches = {name: max(1, SHAPES[name].batch // args.batch_div) for name in args.shapes}
+    for name in args.shapes:
+        if not state.bound.totals("train", name):  # section 2 did not run: measure here
+            for r in range(args.repeats):
+                log(f"[bound] {name} repeat {r + 1}/{args.repeats}")
+                state.matmul.probe("bf16")
+                state.bound.measure("train", name, batches[name], r)
+    rep.add("## 2b. The matmul bound")
+    rep.add()
+    rep.add(
+        "Every matrix product of one training step at each shape (`step_matmuls`), timed alone in "
+        "bf16 on preallocated operands and outputs (no allocation, no casts, no page faults), best "
+        "of 3 per product. Their sum is a floor on the step time of *any* implementation that uses "
+        "PyTorch's CPU matmuls, so tokens per step / sum is a ceiling on its tokens/s. The flash "
+        "attention kernel's recomputation, the loss, the norms, the optimizer and the casts are "
+        "left out, which only makes the ceiling higher. One round per repeat, taken at the start "
+        "of each repeat of section 2 (and of the allocator section), so that it sees the same "
+        "phases of the machine as the timed steps it is compared with; medians over the rounds. "
+        "Ceiling MFU is against the median bf16 probe of the run."
+    )
+    rep.add()
+    probes = state.matmul.samples.get((PROBE_SHAPE, "bf16", torch.get_num_threads()), [])
+    peak = median(probes)
+    rows = []
+    for name in args.shapes:
+        rounds = state.bound.rounds.get(("train", name), {})
+        totals = list(state.bound.totals("train", name).values())
+        if not totals:
+            continue
+        kinds = {
+            what: median([parts[what] for parts in rounds.values()]) for what in next(iter(rounds.values()))
+        }
+        total = median(totals)
+        ceilings = list(state.bound.ceilings("train", name, batches[name]).values())
+        flops = SHAPES[name].flops_per_token() * batches[name] * SHAPES[name].context
+        parts = ", ".join(f"{k} {1e3 * v:.0f}" for k, v in kinds.items())
         rows.append(
             [
-                shape_name,
+                name,
                 f"{1e3 * total:.0f} ({parts})",
-                fmt(ceilings[shape_name]),
+                fmt(median(ceilings)),
+                fmt_range(ceilings),
                 fmt(100 * flops / total / 1e9 / peak, 1),
+                str(len(totals)),
             ]
         )
-    rep.table(["shape", "matmul ms per step (by layer kind)", "ceiling tokens/s", "ceiling MFU %"], rows)
+    rep.table(
+        [
+            "shape",
+            "matmul ms per step (by layer kind)",
+            "ceiling tokens/s",
+            "range",
+            "ceiling MFU %",
+            "rounds",
+        ],
+        rows,
+    )
     rows = []
-    for key, (label, tps) in state.fastest.items():
-        shape_name = key.split()[0]
-        if shape_name in ceilings:
-            ceiling = ceilings[shape_name]
+    for key, (label, section, tps) in state.fastest.items():
+        name = key.split()[0]
+        ceilings = state.bound.ceilings(section, name, batches.get(name, SHAPES[name].batch))
+        share = paired_ratio(tps, ceilings)
+        if share == share:  # not NaN: the bound was measured next to these blocks
             rows.append(
-                [shape_name, label, fmt(tps), fmt(100 * tps / ceiling, 0), f"{fmt(ceiling / tps, 2)}x"]
+                [name, label, fmt(median(list(tps.values()))), fmt(100 * share, 0), f"{fmt(1 / share, 2)}x"]
             )
     if rows:
         rep.add(
             "The fastest of ours and of the peer in each measurement above (section 2 in the main "
-            "process's allocator setting, the lever table per setting) against the ceiling. The last "
+            "process's allocator setting, the lever table per setting) against the ceiling, as the "
+            "median over repeats of tokens/s / the ceiling measured in the same repeat. The last "
             "column is the largest speed-up over that row any implementation could reach with these "
             "kernels."
         )
@@ -886,6 +956,7 @@ def section_alloc(state: State) -> None:
                 results[v, i] = TrainEntry(spec, error=answer["errors"][i])
         for r in range(args.repeats):
             log(f"[alloc] repeat {r + 1}/{args.repeats}")
+            state.bound.measure("alloc", "small", max(1, SHAPES["small"].batch // args.batch_div), r)
             for i in rotated(list(range(len(specs))), r):
                 for v in rotated(list(variants), r):
                     entry = results[v, i]
@@ -912,7 +983,7 @@ def section_alloc(state: State) -> None:
             if timed:
                 spec, best = max(timed, key=lambda pair: median(list(pair[1].tps.values())))
                 label = f"{spec.name}, allocator {v}"
-                state.fastest[f"small {kind} {v}"] = (label, median(list(best.tps.values())))
+                state.fastest[f"small {kind} {v}"] = (label, "alloc", best.tps)
     rep.add("## Levers: allocator settings and threads")
     rep.add()
     rep.add(
