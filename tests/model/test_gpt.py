@@ -88,8 +88,19 @@ def test_too_long_input_is_rejected() -> None:
         (dict(n_layer=0), "n_layer must be at least 1"),
         (dict(dropout=1.0), "dropout"),
         (dict(attention="flash"), "model attention must be one of auto, sdpa, explicit"),
+        (dict(gelu_approximate="erf"), "model gelu_approximate must be one of none, tanh, got 'erf'"),
     ],
 )
 def test_bad_config_names_the_problem(overrides: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         tiny(**overrides)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_mlp_uses_the_configured_gelu(approximate: str) -> None:
+    mlp = GPT(tiny(gelu_approximate=approximate)).transformer.h[0].mlp
+    x = torch.linspace(-4, 4, 33).repeat(64, 1).t()  # (33, 64): one row per input value
+    expected = torch.nn.functional.gelu(x, approximate=approximate)
+    torch.testing.assert_close(mlp.gelu(x), expected, rtol=0, atol=0)
+    other = "tanh" if approximate == "none" else "none"
+    assert not torch.equal(mlp.gelu(x), torch.nn.functional.gelu(x, approximate=other))
