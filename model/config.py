@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from .attention import ATTENTION_PATHS
 
 GELU_APPROXIMATIONS = ("none", "tanh")
+LEGACY_GELU = "tanh"
+"""The GELU of model descriptions that do not name one: written before the setting existed."""
 
 
 class ConfigError(ValueError):

@@ -15,6 +15,7 @@ import lightning as L
 import torch
 
 from minigpt.model import GPT, ConfigError, GPTConfig, generate
+from minigpt.model.config import LEGACY_GELU
 
 from .config import OptimConfig, SampleConfig
 from .loss import fused_linear_cross_entropy, next_token_loss
@@ -201,6 +202,12 @@ class LitGPT(L.LightningModule):
         if any(saved["gpt"].get(k) != ours[k] for k in SHAPE_KEYS):
             raise ConfigError(
                 f"checkpoint model shape {_shape(saved['gpt'])} differs from the config's {_shape(ours)}"
+            )
+        gelu = saved["gpt"].get("gelu_approximate", LEGACY_GELU)
+        if gelu != ours["gelu_approximate"]:
+            raise ConfigError(
+                f"checkpoint was trained with gelu_approximate {gelu!r}; set --model.gpt.gelu_approximate "
+                f"{gelu} to resume it"
             )
 
 

@@ -87,6 +87,7 @@ def finished_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         (["--model.gpt.n_layer", "3"], "checkpoint model shape"),
         (["--model.gpt.n_embd", "32"], "checkpoint model shape"),
         (["--data.config.tokenizer", "gpt2"], "different tokenizer"),
+        (["--model.gpt.gelu_approximate", "tanh"], "trained with gelu_approximate 'none'"),
     ],
 )
 def test_resuming_with_another_shape_or_tokenizer_is_refused(

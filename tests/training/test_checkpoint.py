@@ -39,6 +39,15 @@ def test_round_trip_gives_the_same_model_and_tokenizer(model: GPT, tmp_path: Pat
     assert tokenizer.decode(ids[0].tolist()) == "to be or not"
 
 
+def test_a_description_without_a_gelu_setting_loads_with_gpt2s_gelu(model: GPT, tmp_path: Path) -> None:
+    # Checkpoints written before `gelu_approximate` existed were trained with the tanh GELU.
+    old = {k: v for k, v in asdict(model.config).items() if k != "gelu_approximate"}
+    loaded, _ = load_model(write_checkpoint(tmp_path / "old.ckpt", model, gpt=old))
+    assert loaded.config.gelu_approximate == "tanh"
+    fresh, _ = load_model(write_checkpoint(tmp_path / "new.ckpt", model))
+    assert fresh.config.gelu_approximate == model.config.gelu_approximate == "none"
+
+
 def test_safetensors_export_round_trips_with_tied_weights(model: GPT, tmp_path: Path) -> None:
     path = export_safetensors(model, CharTokenizer(CHARS), tmp_path / "m.safetensors")
     loaded, _ = load_model(path)
