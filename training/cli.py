@@ -232,6 +232,10 @@ def train_main(args: list[str] | None = None) -> int:
     """Parse the command line, then fit. Returns the process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertising())
+    # Two warnings every run would print from inside Lightning, about nothing the user can change:
+    # its model summary cannot size bf16 weights, and its pytree helper uses an API torch deprecated.
+    warnings.filterwarnings("ignore", message="Precision bf16-mixed is not supported by the model summary")
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
     # The config dataclasses document each field in a docstring under it; show those in --help.
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     argv = list(sys.argv[1:] if args is None else args)
