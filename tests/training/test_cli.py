@@ -33,7 +33,7 @@ def parse(*args: str) -> MiniGPTCLI:
 
 
 def test_there_are_configs() -> None:
-    assert {p.name for p in CONFIGS} >= {"tiny.yaml", "small.yaml", "gpt2-124m.yaml"}
+    assert {p.name for p in CONFIGS} >= {"tiny.yaml", "small.yaml", "char.yaml", "gpt2-124m.yaml"}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
