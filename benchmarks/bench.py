@@ -92,6 +92,10 @@ class Shape:
     n_embd: int
     batch: int
 
+    def batch_size(self, batch_div: int) -> int:
+        """The batch a run with `--batch-div` uses (--quick divides it)."""
+        return max(1, self.batch // batch_div)
+
     def gpt_config(self, context: int | None = None, attention: str = "auto") -> GPTConfig:
         return GPTConfig(
             vocab_size=self.vocab,
@@ -340,7 +344,7 @@ def build_train_step(spec: TrainSpec, batch_div: int) -> tuple[Callable[[], torc
     Returns the step function, tokens per step and model FLOPs per step.
     """
     shape = SHAPES[spec.shape]
-    batch = max(1, shape.batch // batch_div)
+    batch = shape.batch_size(batch_div)
     g = torch.Generator().manual_seed(1234)
     x = torch.randint(shape.vocab, (batch, shape.context), generator=g)
     y = torch.randint(shape.vocab, (batch, shape.context), generator=g)
@@ -608,7 +612,7 @@ def section_train(state: State) -> None:
     rep.add()
     for shape_name in args.shapes:
         shape = SHAPES[shape_name]
-        batch = max(1, shape.batch // args.batch_div)
+        batch = shape.batch_size(args.batch_div)
         specs = [TrainSpec(shape_name, "ours", False)]
         if shape.vocab > 1000:
             specs.append(TrainSpec(shape_name, "ours", False, "fused", 256))
@@ -746,7 +750,7 @@ class MatmulBound:
 def section_bound(state: State) -> None:
     """How fast a step could be if it were nothing but its matrix products."""
     args, rep = state.args, state.report
-    batches = {name: max(1, SHAPES[name].batch // args.batch_div) for name in args.shapes}
+    batches = {name: shape.batch_size(args.batch_div) for name, shape in SHAPES.items()}
     for name in args.shapes:
         if not state.bound.totals("train", name):  # section 2 did not run: measure here
             for r in range(args.repeats):
@@ -806,7 +810,7 @@ def section_bound(state: State) -> None:
     rows = []
     for key, (label, section, tps) in state.fastest.items():
         name = key.split()[0]
-        ceilings = state.bound.ceilings(section, name, batches.get(name, SHAPES[name].batch))
+        ceilings = state.bound.ceilings(section, name, batches[name])
         share = paired_ratio(tps, ceilings)
         if share == share:  # not NaN: the bound was measured next to these blocks
             rows.append(
@@ -829,7 +833,7 @@ M_MMAP_MAX = -4
 MALLOC_VARIANTS: dict[str, dict[int, int]] = {
     "default": {},
     "tuned": dict(allocator.SETTINGS),  # exactly what train.py applies (--keep_freed_memory)
-    "nommap": {M_MMAP_MAX: 0, allocator.M_TRIM_THRESHOLD: (1 << 31) - 1},
+    "nommap": {M_MMAP_MAX: 0, allocator.M_TRIM_THRESHOLD: allocator.SETTINGS[allocator.M_TRIM_THRESHOLD]},
 }
 MALLOC_DESCRIPTIONS = {
     "default": "glibc defaults (allocations above a dynamic threshold, at most 32 MiB, are mmap'ed "
@@ -956,7 +960,7 @@ def section_alloc(state: State) -> None:
                 results[v, i] = TrainEntry(spec, error=answer["errors"][i])
         for r in range(args.repeats):
             log(f"[alloc] repeat {r + 1}/{args.repeats}")
-            state.bound.measure("alloc", "small", max(1, SHAPES["small"].batch // args.batch_div), r)
+            state.bound.measure("alloc", "small", SHAPES["small"].batch_size(args.batch_div), r)
             for i in rotated(list(range(len(specs))), r):
                 for v in rotated(list(variants), r):
                     entry = results[v, i]
@@ -1113,7 +1117,7 @@ def section_lightning(state: State) -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
 
     shape = SHAPES["small"]
-    batch = max(1, shape.batch // args.batch_div)
+    batch = shape.batch_size(args.batch_div)
     warmup = max(1, args.warmup)
     total = warmup + args.steps
     g = torch.Generator().manual_seed(99)

@@ -7,8 +7,14 @@ from dataclasses import dataclass
 from .attention import ATTENTION_PATHS
 
 GELU_APPROXIMATIONS = ("none", "tanh")
-LEGACY_GELU = "tanh"
-"""The GELU of model descriptions that do not name one: written before the setting existed."""
+LEGACY_SETTINGS = {"gelu_approximate": "tanh"}
+"""Settings that model descriptions written before they existed lack, with the values those
+models were built with."""
+
+
+def with_legacy_settings(description: dict) -> dict:
+    """A saved model description (`asdict(GPTConfig)`) with the settings it predates filled in."""
+    return {**LEGACY_SETTINGS, **description}
 
 
 class ConfigError(ValueError):

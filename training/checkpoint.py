@@ -21,7 +21,7 @@ from safetensors.torch import save_model
 
 from minigpt.data import Tokenizer, tokenizer_from_spec
 from minigpt.model import GPT, GPTConfig
-from minigpt.model.config import LEGACY_GELU
+from minigpt.model.config import with_legacy_settings
 
 from .lit import CHECKPOINT_KEY
 
@@ -58,7 +58,7 @@ def load_model(
     else:
         meta, state = _read_lightning_checkpoint(path)
     try:
-        config = GPTConfig(**{"gelu_approximate": LEGACY_GELU, **meta["gpt"]})
+        config = GPTConfig(**with_legacy_settings(meta["gpt"]))
         spec = meta["tokenizer"]
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint {path} has an invalid model description: {err}") from None

@@ -15,7 +15,7 @@ import lightning as L
 import torch
 
 from minigpt.model import GPT, ConfigError, GPTConfig, generate
-from minigpt.model.config import LEGACY_GELU
+from minigpt.model.config import with_legacy_settings
 
 from .config import OptimConfig, SampleConfig
 from .loss import fused_linear_cross_entropy, next_token_loss
@@ -198,12 +198,12 @@ class LitGPT(L.LightningModule):
             raise ConfigError("checkpoint was trained with a different tokenizer than this run's data uses")
         if "torch_rng_state" in checkpoint:
             torch.set_rng_state(checkpoint["torch_rng_state"])
-        ours = asdict(self.gpt_config)
-        if any(saved["gpt"].get(k) != ours[k] for k in SHAPE_KEYS):
+        ours, theirs = asdict(self.gpt_config), with_legacy_settings(saved["gpt"])
+        if any(theirs.get(k) != ours[k] for k in SHAPE_KEYS):
             raise ConfigError(
-                f"checkpoint model shape {_shape(saved['gpt'])} differs from the config's {_shape(ours)}"
+                f"checkpoint model shape {_shape(theirs)} differs from the config's {_shape(ours)}"
             )
-        gelu = saved["gpt"].get("gelu_approximate", LEGACY_GELU)
+        gelu = theirs["gelu_approximate"]
         if gelu != ours["gelu_approximate"]:
             raise ConfigError(
                 f"checkpoint was trained with gelu_approximate {gelu!r}; set --model.gpt.gelu_approximate "
