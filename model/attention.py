@@ -103,6 +103,25 @@ class MultiHeadAttention(nn.Module):
             persistent=False,
         )
 
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of `x`, each (B, nh, T, hs).
+
+        When gradients are on (training), the three weights are stacked into one (3 * d_out, d_in)
+        matrix: one large matmul forward and one per gradient backward instead of three each, and
+        no sum of three input gradients. The parameters stay the three layers above. Stacking
+        copies the weights, which costs more than it saves when decoding one token at a time, so
+        inference runs the three layers as they are.
+        """
+        layers = (self.W_query, self.W_key, self.W_value)
+        if torch.is_grad_enabled():
+            weight = torch.cat([layer.weight for layer in layers])
+            bias = None if self.W_query.bias is None else torch.cat([layer.bias for layer in layers])
+            projected = F.linear(x, weight, bias).split(self.d_out, dim=-1)
+        else:
+            projected = [layer(x) for layer in layers]
+        queries, keys, values = (self._split_heads(p) for p in projected)
+        return queries, keys, values
+
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
@@ -121,9 +140,7 @@ class MultiHeadAttention(nn.Module):
         picks the path.
         """
         b, t, _ = x.shape
-        queries = self._split_heads(self.W_query(x))
-        keys = self._split_heads(self.W_key(x))
-        values = self._split_heads(self.W_value(x))
+        queries, keys, values = self._project(x)
 
         past = kv_cache.length if kv_cache is not None else 0
         if kv_cache is not None:

@@ -71,6 +71,20 @@ def test_both_paths_match_a_naive_reference() -> None:
     assert_close(mha(x, return_weights=True)[0], reference)
 
 
+def test_stacked_projection_trains_the_three_layers_as_if_apart() -> None:
+    # With gradients on, W_query, W_key and W_value run as one stacked matmul; without, apart.
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 24, 10, 0.0, num_heads=3, qkv_bias=True, attention="explicit")
+    x = torch.randn(2, 10, 16, requires_grad=True)
+    inputs = [x, *mha.parameters()]
+    stacked = torch.autograd.grad(mha(x).square().sum(), inputs)
+    apart = torch.autograd.grad(naive_attention(mha, x).square().sum(), inputs)
+    for a, b in zip(stacked, apart, strict=True):
+        assert_close(a, b)
+    with torch.no_grad():
+        assert_close(mha(x), naive_attention(mha, x))
+
+
 def test_auto_takes_the_explicit_path_on_cpu_except_for_one_token(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
