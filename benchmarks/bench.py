@@ -33,9 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minigpt.model import GPT, GPTConfig, generate, optimize_for_decoding
+from minigpt.model import GPT, GPTConfig, MultiHeadAttention, generate, optimize_for_decoding
 from minigpt.training import allocator
 from minigpt.training.config import OptimConfig
 from minigpt.training.loss import fused_linear_cross_entropy, next_token_loss
@@ -317,6 +318,9 @@ class TrainSpec:
     threads: int | None = None
     attention: str = "auto"
     """Ours only: the model's `attention` setting ("auto" is the explicit path on CPU)."""
+    skip_elementwise: bool = False
+    """Ours only, a measurement rather than a model: softmax, GELU and LayerNorm removed (see
+    `remove_elementwise`), to show how fast the step could be if they cost nothing."""
 
     @property
     def dtype(self) -> str:
@@ -331,11 +335,34 @@ class TrainSpec:
         parts.append("AdamW fused" if self.adamw == "fused" else "AdamW default")
         if self.attention != "auto":
             parts.append(f"{self.attention} attention")
+        if self.skip_elementwise:
+            parts.append("WITHOUT softmax, GELU, LayerNorm (not a model)")
         if self.compile:
             parts.append("torch.compile")
         if self.threads is not None:
             parts.append(f"{self.threads} thread{'s' if self.threads > 1 else ''}")
         return ", ".join(parts)
+
+
+def _attention_without_softmax(
+    self: Any, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int
+) -> tuple[torch.Tensor, None]:
+    b, h, t, hs = queries.shape
+    scores = torch.bmm(queries.reshape(b * h, t, hs), keys.reshape(b * h, t, hs).transpose(1, 2))
+    return scores.view(b, h, t, t) @ values, None
+
+
+def remove_elementwise(model: GPT) -> None:
+    """Turn `model` into a measuring device: every LayerNorm and GELU becomes the identity, and
+    attention multiplies Q K^T straight into V (no scale, mask, softmax or fp32 casts). It keeps
+    every matrix product, the embeddings, the loss and the optimizer, so its speed is what a
+    step could reach if those elementwise operations cost nothing."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, (nn.LayerNorm, nn.GELU)):
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, nn.Identity())
+        elif isinstance(module, MultiHeadAttention):
+            module._explicit_attention = types.MethodType(_attention_without_softmax, module)
 
 
 def build_train_step(spec: TrainSpec, batch_div: int) -> tuple[Callable[[], torch.Tensor], int, int]:
@@ -352,6 +379,8 @@ def build_train_step(spec: TrainSpec, batch_div: int) -> tuple[Callable[[], torc
     fused_adamw = spec.adamw == "fused"
     if spec.impl == "ours":
         model: nn.Module = GPT(shape.gpt_config(attention=spec.attention))
+        if spec.skip_elementwise:
+            remove_elementwise(model)
         optimizer = build_optimizer(model, OptimConfig(**{**asdict(OPTIM), "fused": fused_adamw}))
     else:
         peer = load_peer()
@@ -588,6 +617,8 @@ def report_matmul(state: State) -> None:
 
 def quick_spec(spec: TrainSpec) -> bool:
     """The contestants --quick keeps: one of each kind."""
+    if spec.skip_elementwise:
+        return False
     if spec.impl == "ours":
         return spec.adamw == "fused" and (spec.loss == "full" or (spec.bf16 and spec.chunk == 256))
     if spec.impl == "peer":
@@ -618,6 +649,7 @@ def section_train(state: State) -> None:
             specs.append(TrainSpec(shape_name, "ours", False, "fused", 256))
         specs.append(TrainSpec(shape_name, "ours", True))
         specs.append(TrainSpec(shape_name, "ours", True, attention="sdpa"))
+        specs.append(TrainSpec(shape_name, "ours", True, skip_elementwise=True))
         if shape.vocab > 1000:
             specs += [TrainSpec(shape_name, "ours", True, "fused", c) for c in args.chunks]
             specs.append(TrainSpec(shape_name, "ours", True, "fused", 256, adamw="default"))
@@ -666,14 +698,39 @@ def section_train(state: State) -> None:
             state.best_chunk = max(fused, key=lambda e: median(list(e.tps.values()))).spec.chunk
             rep.add(f"Fastest fused-CE chunk on this run: {state.best_chunk} rows.")
             rep.add()
+        headroom_note(rep, entries)
         for kind in ("ours", "peer"):
-            timed = [e for e in entries if e.spec.impl.startswith(kind) and e.tps]
+            timed = [
+                e for e in entries if e.spec.impl.startswith(kind) and e.tps and not e.spec.skip_elementwise
+            ]
             if timed:
                 best = max(timed, key=lambda e: median(list(e.tps.values())))
                 state.fastest[f"{shape_name} {kind}"] = (best.spec.name, "train", best.tps)
         for e in entries:
             e.release()
         gc.collect()
+
+
+def headroom_note(rep: Report, entries: list[TrainEntry], where: str = "") -> None:
+    """What the step without softmax, GELU and LayerNorm says about the fastest peer row."""
+    timed = [e for e in entries if e.tps]
+    bare = next((e for e in timed if e.spec.skip_elementwise), None)
+    ours = (
+        next((e for e in timed if e.spec == replace(bare.spec, skip_elementwise=False)), None)
+        if bare
+        else None
+    )
+    peers = [e for e in timed if e.spec.impl != "ours"]
+    if bare is None or ours is None or not peers:
+        return
+    peer = max(peers, key=lambda e: median(list(e.tps.values())))
+    rep.add(
+        f"{where}Without softmax, GELU and LayerNorm (the row marked 'not a model': same matmuls, "
+        f"embeddings, loss and optimizer), ours runs {fmt(paired_ratio(bare.tps, ours.tps), 2)}x "
+        f"its full step, which would be {fmt(paired_ratio(bare.tps, peer.tps), 2)}x the fastest peer "
+        f"row ({peer.label}); the full step is {fmt(paired_ratio(ours.tps, peer.tps), 2)}x it."
+    )
+    rep.add()
 
 
 def step_matmuls(shape: Shape, batch: int) -> list[tuple[str, int, int, int, int]]:
@@ -946,6 +1003,13 @@ def section_alloc(state: State) -> None:
         if load_peer() is not None:
             specs.append(TrainSpec("small", "peer", False, adamw="default", threads=many))
             specs.append(TrainSpec("small", "peer-fast", True, threads=many))
+        if "char" in args.shapes:  # train.py's allocator setting at the char shape too
+            specs.append(TrainSpec("char", "ours", True, threads=many))
+            specs.append(TrainSpec("char", "ours", True, skip_elementwise=True, threads=many))
+            if load_peer() is not None:
+                specs.append(TrainSpec("char", "peer", True, threads=many))
+                specs.append(TrainSpec("char", "peer-fast", True, threads=many))
+    shapes = sorted({spec.shape for spec in specs}, key=list(SHAPES).index)
     variants = args.malloc
     log(f"[alloc] starting {len(variants)} worker processes: {', '.join(variants)}")
     workers = {v: Worker(v, args) for v in variants}
@@ -960,7 +1024,8 @@ def section_alloc(state: State) -> None:
                 results[v, i] = TrainEntry(spec, error=answer["errors"][i])
         for r in range(args.repeats):
             log(f"[alloc] repeat {r + 1}/{args.repeats}")
-            state.bound.measure("alloc", "small", SHAPES["small"].batch_size(args.batch_div), r)
+            for name in shapes:
+                state.bound.measure("alloc", name, SHAPES[name].batch_size(args.batch_div), r)
             for i in rotated(list(range(len(specs))), r):
                 for v in rotated(list(variants), r):
                     entry = results[v, i]
@@ -978,24 +1043,30 @@ def section_alloc(state: State) -> None:
         for worker in workers.values():
             worker.close()
     for v in variants:
-        for kind in ("ours", "peer"):
-            timed = [
-                (spec, results[v, i])
-                for i, spec in enumerate(specs)
-                if spec.impl.startswith(kind) and spec.threads == many and results[v, i].tps
-            ]
-            if timed:
-                spec, best = max(timed, key=lambda pair: median(list(pair[1].tps.values())))
-                label = f"{spec.name}, allocator {v}"
-                state.fastest[f"small {kind} {v}"] = (label, "alloc", best.tps)
+        for name in shapes:
+            for kind in ("ours", "peer"):
+                timed = [
+                    (spec, results[v, i])
+                    for i, spec in enumerate(specs)
+                    if spec.shape == name
+                    and spec.impl.startswith(kind)
+                    and spec.threads == many
+                    and results[v, i].tps
+                ]
+                timed = [(spec, e) for spec, e in timed if not spec.skip_elementwise]
+                if timed:
+                    spec, best = max(timed, key=lambda pair: median(list(pair[1].tps.values())))
+                    label = f"{spec.name}, allocator {v}"
+                    state.fastest[f"{name} {kind} {v}"] = (label, "alloc", best.tps)
     rep.add("## Levers: allocator settings and threads")
     rep.add()
     rep.add(
         "Each allocator setting runs in its own fresh process (applied with ctypes `mallopt` before "
         "any tensor exists); the processes take turns, one timed block at a time, and every process "
         "runs every contestant, so each setting is applied equally to ours and the peer. "
-        f"Threads: `torch.set_num_threads` before each block ({cores} cores visible). Small shape, "
-        "same batches and optimizer settings as section 2. Speed-up is against the same contestant "
+        f"Threads: `torch.set_num_threads` before each block ({cores} cores visible). Small shape "
+        f"(and the char shape at {many} threads), same batches and optimizer settings as section 2. "
+        "Speed-up is against the same contestant "
         f"with the first setting ({variants[0]}) at the same thread count; MFU is against the matmul "
         "probe at the block's thread count."
     )
@@ -1011,10 +1082,11 @@ def section_alloc(state: State) -> None:
             e = results[v, i]
             tps = list(e.tps.values())
             if e.error or not tps:
-                rows.append([spec.name, v, e.error or "failed", "", "", "", ""])
+                rows.append([spec.shape, spec.name, v, e.error or "failed", "", "", "", ""])
                 continue
             rows.append(
                 [
+                    spec.shape,
                     spec.name,
                     v,
                     fmt(median(tps)),
@@ -1024,7 +1096,12 @@ def section_alloc(state: State) -> None:
                     fmt(median(list(e.faults.values()))),
                 ]
             )
-    rep.table(["contestant", "malloc", "tokens/s", "range", "MFU %", "speed-up", "page faults/step"], rows)
+    rep.table(
+        ["shape", "contestant", "malloc", "tokens/s", "range", "MFU %", "speed-up", "page faults/step"], rows
+    )
+    for v in variants:
+        char = [results[v, i] for i, spec in enumerate(specs) if spec.shape == "char"]
+        headroom_note(rep, char, f"Char shape, allocator {v}. ")
     if peak_rss:
         rep.add(
             "Peak resident memory of each process (all its contestants' models and optimizer states "
