@@ -716,13 +716,12 @@ def headroom_note(rep: Report, entries: list[TrainEntry], where: str = "") -> No
     """What the step without softmax, GELU and LayerNorm says about the fastest peer row."""
     timed = [e for e in entries if e.tps]
     bare = next((e for e in timed if e.spec.skip_elementwise), None)
-    ours = (
-        next((e for e in timed if e.spec == replace(bare.spec, skip_elementwise=False)), None)
-        if bare
-        else None
-    )
     peers = [e for e in timed if e.spec.impl != "ours"]
-    if bare is None or ours is None or not peers:
+    if bare is None or not peers:
+        return
+    whole = replace(bare.spec, skip_elementwise=False)
+    ours = next((e for e in timed if e.spec == whole), None)
+    if ours is None:
         return
     peer = max(peers, key=lambda e: median(list(e.tps.values())))
     rep.add(
@@ -1052,9 +1051,9 @@ def section_alloc(state: State) -> None:
                     if spec.shape == name
                     and spec.impl.startswith(kind)
                     and spec.threads == many
+                    and not spec.skip_elementwise
                     and results[v, i].tps
                 ]
-                timed = [(spec, e) for spec, e in timed if not spec.skip_elementwise]
                 if timed:
                     spec, best = max(timed, key=lambda pair: median(list(pair[1].tps.values())))
                     label = f"{spec.name}, allocator {v}"
