@@ -7,7 +7,7 @@ scaled-dot-product attention (SDPA), and a key/value cache for generation.
 
 Which path runs is the `attention` setting. "auto" takes SDPA on GPUs, where its flash kernels
 save time and memory, and the textbook computation on CPU, where PyTorch's flash kernel made a
-whole bf16 training step slower (char shape: 5,270 vs 6,356 tokens/s, benchmarks/RESULTS.md).
+whole bf16 training step slower (char shape: 5,259 vs 6,724 tokens/s, benchmarks/RESULTS.md).
 Decoding one token at a time on CPU takes SDPA: one call instead of five small ones.
 """
 
