@@ -6,7 +6,7 @@ allocator setting unless ``--allocator default``. A dispatch mode puts a clock a
 call of the step, forward, backward and optimizer alike, so each operator is timed as it runs in
 the step. (torch.profiler is not used: while it records, some operators run several times slower
 here, e.g. the attention softmax at the char shape.) Matrix products are also listed by shape and
-layout with their GFLOP/s, next to a square matmul of the same precision timed just before.
+layout with their GFLOP/s, next to a square matmul of the same precision timed right after.
 
     python benchmarks/ops.py                              # ours, char shape, bf16 autocast
     python benchmarks/ops.py --shape small --impl peer-fast
@@ -35,7 +35,7 @@ MATMULS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2)}
 
 
 def layout(t: torch.Tensor) -> str:
-    """Shape, with "T" when the last two dimensions are stored transposed."""
+    """Shape, marked "ᵀ" when the last two dimensions are stored transposed."""
     transposed = t.dim() >= 2 and t.stride(-1) != 1
     return "x".join(map(str, t.shape)) + ("ᵀ" if transposed else "")
 
