@@ -1,12 +1,10 @@
-"""Where downloaded and derived files live, and how they are written without ever being half-done."""
+"""Where downloaded and derived files live, and how single files are fetched from the package index."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from .errors import DataError
@@ -24,38 +22,6 @@ def cache_dir() -> Path:
         return Path(os.environ[CACHE_ENV]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base).expanduser() / "minigpt"
-
-
-def sha256_bytes(data: bytes) -> str:
-    """Hex sha256 of ``data``."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path, chunk_size: int = 1 << 22) -> str:
-    """Hex sha256 of a file, read in chunks so large corpora never sit in memory whole."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so readers see either the old file or the complete new one.
-
-    The bytes go to a temporary file in the same folder (same filesystem), which is then renamed
-    over ``path``; a crash mid-write leaves only a stray temporary file, never a truncated ``path``.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes files private; a cache may be shared by a team
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def pip_download(requirement: str, dest: Path, *, sdist: bool, timeout: float = 300.0) -> Path:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import datasets
 
+from minigpt.common import one_line, sha256_file
+
 from .errors import DataError
 from .shakespeare import shakespeare_path
 
@@ -78,7 +80,8 @@ class Corpus:
                     **options,
                 )
             except Exception as error:
-                raise DataError(f"could not read {self.description}: {_one_line(error)}") from None
+                reason = one_line(error, root_cause=True)
+                raise DataError(f"could not read {self.description}: {reason}") from None
         column = "text" if self.builder == "text" else self.text_column
         if column not in dataset.column_names:
             raise DataError(
@@ -94,37 +97,31 @@ class Corpus:
         return dataset.rename_column(column, "text") if column != "text" else dataset
 
 
-def _one_line(error: BaseException) -> str:
-    cause = error
-    while cause.__cause__ is not None:  # datasets wraps the informative error
-        cause = cause.__cause__
-    lines = str(cause).strip().splitlines()
-    return lines[0] if lines else type(cause).__name__
-
-
 def _hash_file(path: Path, check_utf8: bool, chunk_size: int = 1 << 22) -> str:
     """sha256 of ``path``; with ``check_utf8`` also proves it is UTF-8 in the same single read."""
-    digest = hashlib.sha256()
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    consumed = 0
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(chunk_size)
-            digest.update(chunk)
-            if check_utf8:
-                pending = len(decoder.getstate()[0])
-                try:
-                    decoder.decode(chunk, final=not chunk)
-                except UnicodeDecodeError as error:
-                    # error.start indexes the decoder's pending bytes followed by this chunk.
-                    offset = consumed - pending + error.start
-                    byte = error.object[error.start]
-                    raise DataError(
-                        f"{path} is not UTF-8: byte 0x{byte:02x} at offset {offset}; convert it to UTF-8"
-                    ) from None
-            consumed += len(chunk)
-            if not chunk:
-                return digest.hexdigest()
+    return sha256_file(path, _Utf8Check(path) if check_utf8 else None, chunk_size)
+
+
+class _Utf8Check:
+    """Fed a file's bytes chunk by chunk, raises DataError naming the first byte that is not UTF-8."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._consumed = 0
+
+    def __call__(self, chunk: bytes) -> None:
+        pending = len(self._decoder.getstate()[0])
+        try:
+            self._decoder.decode(chunk, final=not chunk)
+        except UnicodeDecodeError as error:
+            # error.start indexes the decoder's pending bytes followed by this chunk.
+            offset = self._consumed - pending + error.start
+            byte = error.object[error.start]
+            raise DataError(
+                f"{self._path} is not UTF-8: byte 0x{byte:02x} at offset {offset}; convert it to UTF-8"
+            ) from None
+        self._consumed += len(chunk)
 
 
 def _local_files(path: Path) -> tuple[Path, ...]:
@@ -159,7 +156,7 @@ def _hub_corpus(name: str, text_column: str, split: str) -> Corpus:
         dataset = datasets.load_dataset(name, split=split)
     except Exception as error:
         raise DataError(
-            f"could not load hub dataset {name!r} (split {split!r}): {_one_line(error)};"
+            f"could not load hub dataset {name!r} (split {split!r}): {one_line(error, root_cause=True)};"
             " if you meant a local file or folder, it does not exist"
         ) from None
     if not isinstance(dataset, datasets.Dataset):

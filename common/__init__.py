@@ -1,0 +1,9 @@
+"""Small helpers every other package uses: atomic file writes, file hashing, one-line error text.
+
+Imports nothing from the rest of minigpt, so `model/`, `data/` and the rest can all depend on it.
+"""
+
+from .errors import one_line
+from .files import atomic_write, sha256_file
+
+__all__ = ["atomic_write", "one_line", "sha256_file"]
