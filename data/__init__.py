@@ -7,16 +7,19 @@ from .gpt2_encoding import load_gpt2_encoding
 from .loader import ResumableLoader
 from .prepare import PreparedData, prepare
 from .tokenizer import (
+    BaseTokenizer,
     CharTokenizer,
     CompactGPT2Tokenizer,
     GPT2Tokenizer,
     Tokenizer,
     build_tokenizer,
+    register_tokenizer,
     tokenizer_from_spec,
 )
 from .windows import TokenWindows, TrainWindowSampler
 
 __all__ = [
+    "BaseTokenizer",
     "CharTokenizer",
     "CompactGPT2Tokenizer",
     "DataConfig",
@@ -31,5 +34,6 @@ __all__ = [
     "build_tokenizer",
     "load_gpt2_encoding",
     "prepare",
+    "register_tokenizer",
     "tokenizer_from_spec",
 ]

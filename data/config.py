@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import DataError
-from .tokenizer import TOKENIZER_NAMES
+from .tokenizer import tokenizer_class
 
 
 @dataclass(frozen=True)
@@ -16,8 +16,8 @@ class DataConfig:
     """Corpus: "shakespeare" (built in), a .txt/.jsonl/.json/.parquet file or folder, or a hub dataset."""
     tokenizer: str = "gpt2"
     """Tokenizer: "gpt2" (GPT-2 BPE, 50257 ids), "gpt2-compact" (GPT-2 BPE renumbered over the tokens
-    the corpus uses: the same tokens, a much smaller embedding and LM head) or "char" (one id per
-    character of the corpus)."""
+    the corpus uses: the same tokens, a much smaller embedding and LM head), "char" (one id per
+    character of the corpus), or the name of any tokenizer registered with register_tokenizer."""
     tokenizer_path: str | None = None
     """Path to GPT-2's r50k_base.tiktoken ranks file, for machines that cannot download it."""
     text_column: str = "text"
@@ -40,9 +40,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         if not self.source:
             raise DataError("data.source must not be empty")
-        if self.tokenizer not in TOKENIZER_NAMES:
-            names = ", ".join(TOKENIZER_NAMES)
-            raise DataError(f"unknown tokenizer {self.tokenizer!r}; valid names: {names}")
+        tokenizer_class(self.tokenizer)  # DataError listing the registered names
         if not self.text_column:
             raise DataError("data.text_column must not be empty")
         if not 0.0 < self.val_fraction < 1.0:

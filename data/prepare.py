@@ -13,9 +13,10 @@ large text (Shakespeare, where a document split would leave nothing) and for man
 and validation windows never overlap training text.
 
 Vocabularies that depend on the corpus are built from all of it, both splits: ``char`` from its
-characters, ``gpt2-compact`` from its GPT-2 tokens. For ``gpt2-compact`` the corpus goes through
-GPT-2's BPE once; the vocabulary is read off those tokens, which are then renumbered into compact
-ids as the splits are written.
+characters, ``gpt2-compact`` from its GPT-2 tokens. What happens is up to the tokenizer's registered
+class (:class:`~minigpt.data.tokenizer.BaseTokenizer`): its ``corpus_encoder`` encodes the documents,
+and its ``from_corpus_tokens`` may then read the final vocabulary off those tokens and return a map
+that renumbers them as the splits are written; ``gpt2-compact`` does so, to run GPT-2's BPE once.
 
 The folder name contains a hash of everything that determines its bytes (source content, tokenizer,
 val_fraction, format version), so a second run with the same inputs returns at once and a changed
@@ -45,14 +46,7 @@ import pyarrow.compute as pc
 from .config import DataConfig
 from .corpus import Corpus, resolve_corpus
 from .errors import DataError
-from .tokenizer import (
-    GPT2_SPEC,
-    CompactGPT2Tokenizer,
-    Tokenizer,
-    available_cores,
-    build_tokenizer,
-    tokenizer_from_spec,
-)
+from .tokenizer import IdMap, Tokenizer, available_cores, tokenizer_class, tokenizer_from_spec
 
 logger = logging.getLogger(__name__)
 
@@ -122,15 +116,10 @@ class PreparedData:
 
 
 def _cache_key(corpus: Corpus, config: DataConfig) -> str:
-    # Corpus-built vocabularies are a function of the corpus text, which the fingerprint covers
-    # (and for gpt2-compact, of GPT-2's ranks).
-    tokenizer: dict[str, Any] = GPT2_SPEC if config.tokenizer == "gpt2" else {"name": config.tokenizer}
-    if config.tokenizer == "gpt2-compact":
-        tokenizer["gpt2"] = GPT2_SPEC
     parts = {
         "format_version": FORMAT_VERSION,
         "source": corpus.fingerprint,
-        "tokenizer": tokenizer,
+        "tokenizer": tokenizer_class(config.tokenizer).cache_key(),
         "val_fraction": config.val_fraction,
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -184,14 +173,14 @@ def _token_arrays(ids: pa.ChunkedArray) -> Iterator[np.ndarray]:
 
 
 def _write_splits(
-    ids: pa.ChunkedArray, num_train: int, dtype: np.dtype, folder: Path, compact: CompactGPT2Tokenizer | None
+    ids: pa.ChunkedArray, num_train: int, dtype: np.dtype, folder: Path, map_ids: IdMap | None
 ) -> None:
     """Stream the ids into ``train.bin`` (the first ``num_train``) and ``val.bin`` (the rest),
-    renumbered into ``compact``'s ids when given."""
+    passed through ``map_ids`` when given."""
     with open(folder / "train.bin", "wb") as train, open(folder / "val.bin", "wb") as val:
         room = num_train
         for values in _token_arrays(ids):
-            values = (values if compact is None else compact.to_compact(values)).astype(dtype)
+            values = (values if map_ids is None else map_ids(values)).astype(dtype)
             head = min(room, len(values))
             values[:head].tofile(train)
             values[head:].tofile(val)
@@ -224,21 +213,18 @@ def _build(corpus: Corpus, config: DataConfig, directory: Path, key: str) -> Pre
         texts = (text or "" for batch in dataset.iter(batch_size=1000) for text in batch["text"])
         # Worker processes share the cores rather than each starting a thread per core.
         threads = max(1, available_cores() // config.num_proc)
-        # gpt2-compact: tokenize with GPT-2, then build the vocabulary from the tokens.
-        name = "gpt2" if config.tokenizer == "gpt2-compact" else config.tokenizer
-        tokenizer = build_tokenizer(
-            name, tokenizer_path=config.tokenizer_path, texts=texts, num_threads=threads
+        tokenizer_cls = tokenizer_class(config.tokenizer)
+        encoder = tokenizer_cls.corpus_encoder(
+            texts, tokenizer_path=config.tokenizer_path, num_threads=threads
         )
-        ids = _tokenize(dataset, tokenizer, config.num_proc, tmp, key)
-        compact = None
-        if config.tokenizer == "gpt2-compact":
-            tokenizer = compact = CompactGPT2Tokenizer.from_gpt2_tokens(_token_arrays(ids), tokenizer)
+        ids = _tokenize(dataset, encoder, config.num_proc, tmp, key)
+        tokenizer, map_ids = tokenizer_cls.from_corpus_tokens(encoder, _token_arrays(ids))
         total = int(pc.sum(pc.list_value_length(ids)).as_py() or 0)
         if total == 0:
             raise DataError(f"{corpus.description} contains no text")
         num_val = round(total * config.val_fraction)
         dtype = np.dtype(np.uint16 if tokenizer.n_vocab <= 1 << 16 else np.uint32)
-        _write_splits(ids, total - num_val, dtype, tmp, compact)
+        _write_splits(ids, total - num_val, dtype, tmp, map_ids)
         meta = {
             "format_version": FORMAT_VERSION,
             "source": corpus.description,

@@ -17,6 +17,8 @@ from minigpt.data import (
     PreparedData,
     prepare,
 )
+from minigpt.data.corpus import Corpus
+from minigpt.data.prepare import _cache_key
 
 DOCS = ["The first story.\nIt ends here.", "A second, shorter one 🙂", "Third: <|endoftext|> is just text."]
 
@@ -174,3 +176,17 @@ def test_several_processes_give_the_same_tokens(tmp_path: Path, gpt2: GPT2Tokeni
     one = prepare(DataConfig(source=source), tmp_path / "one")
     two = prepare(DataConfig(source=source, num_proc=2), tmp_path / "two")
     assert _all_tokens(two).tolist() == _all_tokens(one).tolist()
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "key"),
+    [
+        ("gpt2", "2876c4827c991e0a226a5a24eba6b995272b28afec623e8c2fef541cad3575ef"),
+        ("gpt2-compact", "e9f0da4b734ce3f842eaa3d563513358393cfc0b5500ba2bc4037be4de592516"),
+        ("char", "1e4ebf13ee0a629eca8346ed48ca3f27c624f0a9b6d1db966ce2c8e8b2416d4f"),
+    ],
+)
+def test_cache_keys_of_the_builtin_tokenizers_are_stable(tokenizer: str, key: str) -> None:
+    """A changed key strands every folder users have prepared; change it only with FORMAT_VERSION."""
+    corpus = Corpus("a corpus", "corpus", "f" * 64)
+    assert _cache_key(corpus, DataConfig(tokenizer=tokenizer, val_fraction=0.25)) == key

@@ -1,0 +1,44 @@
+"""Tokenizers, found by name in a registry: GPT-2's BPE (through tiktoken), the same BPE renumbered over
+the tokens a corpus uses, and a character vocabulary.
+
+Every tokenizer can describe itself as a JSON-serialisable :meth:`Tokenizer.spec`; the spec is
+stored with prepared data and in checkpoints so :func:`tokenizer_from_spec` rebuilds exactly the
+tokenizer the model was trained with. A new tokenizer is a :class:`BaseTokenizer` subclass
+decorated with :func:`register_tokenizer` (see :mod:`.base`).
+"""
+
+from .base import (
+    TOKENIZERS,
+    BaseTokenizer,
+    IdMap,
+    Tokenizer,
+    available_cores,
+    build_tokenizer,
+    register_tokenizer,
+    tokenizer_class,
+    tokenizer_from_spec,
+)
+
+# isort: off
+# Importing a module registers its tokenizer; this order is the order error messages list the names in.
+from .gpt2 import GPT2_SPEC, GPT2Tokenizer
+from .compact import CompactGPT2Tokenizer
+from .char import CharTokenizer
+
+# isort: on
+
+__all__ = [
+    "GPT2_SPEC",
+    "TOKENIZERS",
+    "BaseTokenizer",
+    "CharTokenizer",
+    "CompactGPT2Tokenizer",
+    "GPT2Tokenizer",
+    "IdMap",
+    "Tokenizer",
+    "available_cores",
+    "build_tokenizer",
+    "register_tokenizer",
+    "tokenizer_class",
+    "tokenizer_from_spec",
+]

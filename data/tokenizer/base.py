@@ -1,0 +1,244 @@
+"""The tokenizer interface, the base class of every tokenizer minigpt can build by name, and the registry.
+
+:data:`TOKENIZERS` maps a name to its class. Everything that takes a tokenizer name (``DataConfig``,
+:func:`build_tokenizer`, :func:`tokenizer_from_spec`, ``prepare``) looks it up there and asks the
+class what to do, so a new tokenizer is one :class:`BaseTokenizer` subclass and one
+:func:`register_tokenizer` line; nothing else in the data pipeline names tokenizers.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
+
+from ..errors import DataError
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the rest of minigpt needs from a tokenizer."""
+
+    name: str
+    """Registry name (a key of :data:`TOKENIZERS`)."""
+    n_vocab: int
+    """Number of token ids; every id is in ``[0, n_vocab)``."""
+    eot_id: int | None
+    """Id of the end-of-text token placed between documents, or None if the vocabulary has none."""
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; raises DataError if the text cannot be represented."""
+        ...
+
+    def encode_to_arrays(self, texts: list[str]) -> list[np.ndarray]:
+        """``encode`` of each text as a 1-D uint32 array: how the data pipeline tokenizes documents."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; raises DataError for an id outside the vocabulary."""
+        ...
+
+    def spec(self) -> dict[str, Any]:
+        """JSON-serialisable description from which :func:`tokenizer_from_spec` rebuilds this tokenizer."""
+        ...
+
+
+IdMap = Callable[[np.ndarray], np.ndarray]
+"""Maps a 1-D uint32 array of one tokenizer's ids to another's, one id for one id."""
+
+
+class BaseTokenizer(ABC):
+    """A :class:`Tokenizer` that also knows how it is made: from a corpus, from its spec, and in ``prepare``.
+
+    A subclass sets :attr:`name`, implements ``encode_to_arrays``, ``decode`` and ``spec`` (``encode``
+    follows from ``encode_to_arrays``), and the class methods :meth:`from_spec` and :meth:`build`. The
+    other class methods have defaults that fit a tokenizer which encodes the corpus itself and
+    depends on nothing but the corpus.
+    """
+
+    name: ClassVar[str]
+    """Registry name; also the ``"name"`` entry of :meth:`spec`."""
+    n_vocab: int
+    eot_id: int | None
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; raises DataError if the text cannot be represented."""
+        return self.encode_to_arrays([text])[0].tolist()
+
+    @abstractmethod
+    def encode_to_arrays(self, texts: list[str]) -> list[np.ndarray]:
+        """Token ids of each text as a 1-D uint32 array."""
+
+    @abstractmethod
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``; raises DataError for an id outside the vocabulary."""
+
+    @abstractmethod
+    def spec(self) -> dict[str, Any]:
+        """JSON-serialisable description from which :meth:`from_spec` rebuilds this tokenizer."""
+
+    @classmethod
+    @abstractmethod
+    def from_spec(cls, spec: dict[str, Any], tokenizer_path: str | None = None) -> BaseTokenizer:
+        """Rebuild the tokenizer a :meth:`spec` describes; ``spec["name"]`` is already known to match.
+
+        Args:
+            spec: As stored in ``meta.json`` of prepared data or in a checkpoint.
+            tokenizer_path: GPT-2 ranks file for air-gapped machines; a spec never stores a path.
+
+        Raises:
+            DataError: The spec is malformed.
+        """
+
+    @classmethod
+    @abstractmethod
+    def build(
+        cls, texts: Iterable[str] | None, *, tokenizer_path: str | None = None, num_threads: int | None = None
+    ) -> BaseTokenizer:
+        """A new tokenizer for a corpus.
+
+        Args:
+            texts: The corpus, for a tokenizer whose vocabulary is read off it (see
+                :func:`require_texts`); None when the caller has none.
+            tokenizer_path: GPT-2 ranks file, for tokenizers built on GPT-2's BPE.
+            num_threads: Encoding threads, for tokenizers that encode in parallel.
+        """
+
+    @classmethod
+    def cache_key(cls) -> dict[str, Any]:
+        """Everything besides the corpus text that decides the tokens ``prepare`` writes.
+
+        It is hashed into the name of the prepared-data folder, so changing what it returns makes
+        existing folders unreachable. The name suffices when the vocabulary follows from the corpus
+        alone; a tokenizer that reads outside files names them too.
+        """
+        return {"name": cls.name}
+
+    @classmethod
+    def corpus_encoder(
+        cls, texts: Iterable[str], *, tokenizer_path: str | None = None, num_threads: int | None = None
+    ) -> Tokenizer:
+        """The tokenizer ``prepare`` encodes the corpus documents with: by default this class, built.
+
+        A tokenizer whose vocabulary is read off another tokenizer's output returns that other
+        tokenizer here and derives itself in :meth:`from_corpus_tokens`.
+        """
+        return cls.build(texts, tokenizer_path=tokenizer_path, num_threads=num_threads)
+
+    @classmethod
+    def from_corpus_tokens(
+        cls, encoder: Tokenizer, token_arrays: Iterator[np.ndarray]
+    ) -> tuple[Tokenizer, IdMap | None]:
+        """The tokenizer ``prepare`` stores, given :meth:`corpus_encoder`'s tokens of the whole corpus.
+
+        Args:
+            encoder: What :meth:`corpus_encoder` returned.
+            token_arrays: The encoded corpus, in pieces; need not be read.
+
+        Returns:
+            The final tokenizer, and the map from the encoder's ids to its ids that ``prepare``
+            applies while writing the splits (None: the encoder's ids are final). By default the
+            encoder itself and no map.
+        """
+        return encoder, None
+
+    def _checked_ids(self, ids: Sequence[int]) -> list[int]:
+        """``ids`` as Python ints; raises DataError for one outside ``[0, n_vocab)``."""
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.n_vocab]
+        if bad:
+            raise DataError(f"token id {bad[0]} is outside the {self.name} vocabulary of {self.n_vocab} ids")
+        return ids
+
+
+def require_texts(texts: Iterable[str] | None, name: str) -> Iterable[str]:
+    """``texts``, for a :meth:`BaseTokenizer.build` that reads its vocabulary off the corpus.
+
+    Raises:
+        ValueError: ``texts`` is None, a mistake in the calling code rather than in user input.
+    """
+    if texts is None:
+        raise ValueError(f"the {name} tokenizer is built from corpus text; pass texts=")
+    return texts
+
+
+TOKENIZERS: dict[str, type[BaseTokenizer]] = {}
+"""Name -> class of every tokenizer that can be built by name, in the order error messages list them."""
+
+TokenizerClass = TypeVar("TokenizerClass", bound=type[BaseTokenizer])
+
+
+def register_tokenizer(cls: TokenizerClass) -> TokenizerClass:
+    """Make ``cls`` available under ``cls.name``; usable as a class decorator.
+
+    Raises:
+        ValueError: Another class is registered under that name.
+    """
+    registered = TOKENIZERS.setdefault(cls.name, cls)
+    if registered is not cls:
+        raise ValueError(f"tokenizer name {cls.name!r} is already taken by {registered.__qualname__}")
+    return cls
+
+
+def _valid_names() -> str:
+    return ", ".join(TOKENIZERS)
+
+
+def tokenizer_class(name: str) -> type[BaseTokenizer]:
+    """The class registered as ``name``.
+
+    Raises:
+        DataError: No tokenizer has that name; the message lists the valid ones.
+    """
+    if not isinstance(name, str) or name not in TOKENIZERS:
+        raise DataError(f"unknown tokenizer {name!r}; valid names: {_valid_names()}")
+    return TOKENIZERS[name]
+
+
+def tokenizer_from_spec(spec: dict[str, Any], tokenizer_path: str | None = None) -> Tokenizer:
+    """Rebuild the tokenizer described by ``spec`` (from :meth:`Tokenizer.spec`).
+
+    Args:
+        spec: As stored in ``meta.json`` of prepared data or in a checkpoint.
+        tokenizer_path: GPT-2 ranks file for air-gapped machines; the spec never stores a path.
+
+    Raises:
+        DataError: The spec is malformed or names an unknown tokenizer.
+    """
+    name = spec.get("name") if isinstance(spec, dict) else None
+    if not isinstance(name, str) or name not in TOKENIZERS:
+        raise DataError(f"tokenizer spec names unknown tokenizer {name!r}; valid names: {_valid_names()}")
+    return TOKENIZERS[name].from_spec(spec, tokenizer_path)
+
+
+def build_tokenizer(
+    name: str,
+    *,
+    tokenizer_path: str | None = None,
+    texts: Iterable[str] | None = None,
+    num_threads: int | None = None,
+) -> Tokenizer:
+    """A new tokenizer by name (see :meth:`BaseTokenizer.build`).
+
+    Args:
+        name: A key of :data:`TOKENIZERS`.
+        tokenizer_path: GPT-2 ranks file (for the GPT-2 tokenizers).
+        texts: The corpus, required by tokenizers whose vocabulary is read off it (``"char"``,
+            ``"gpt2-compact"``).
+        num_threads: GPT-2 encoding threads per process (default: all available cores).
+
+    Raises:
+        DataError: Unknown name.
+        ValueError: The tokenizer needs ``texts`` and none were given.
+    """
+    return tokenizer_class(name).build(texts, tokenizer_path=tokenizer_path, num_threads=num_threads)
