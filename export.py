@@ -6,7 +6,7 @@ The file holds the weights and, as metadata, the model shape and tokenizer, so `
 
 from __future__ import annotations
 
-from minigpt.training.cli import export_main
+from minigpt.cli.export import export_main
 
 
 def main(args: list[str] | None = None) -> int:

@@ -5,7 +5,7 @@ Tokens stream to stdout as they are produced; `--help` lists every option.
 
 from __future__ import annotations
 
-from minigpt.training.cli import generate_main
+from minigpt.cli.generate import generate_main
 
 
 def main(args: list[str] | None = None) -> int:

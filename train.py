@@ -6,7 +6,7 @@ Every setting is in the YAML files under configs/ and can be overridden after `-
 
 from __future__ import annotations
 
-from minigpt.training.cli import train_main
+from minigpt.cli.train import train_main
 
 
 def main(args: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 Imports nothing from the rest of minigpt, so `model/`, `data/` and the rest can all depend on it.
 """
 
-from .errors import one_line
+from .errors import UsageError, one_line
 from .files import atomic_write, sha256_file
 
-__all__ = ["atomic_write", "one_line", "sha256_file"]
+__all__ = ["UsageError", "atomic_write", "one_line", "sha256_file"]

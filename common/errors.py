@@ -20,3 +20,7 @@ def one_line(error: BaseException, *, root_cause: bool = False, with_type: bool 
     if not text:
         return type(error).__name__
     return f"{type(error).__name__}: {text}" if with_type else text
+
+
+class UsageError(ValueError):
+    """A command line or setting that cannot be run as given; the message is one line saying why."""

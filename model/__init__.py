@@ -4,7 +4,7 @@ from .attention import KVCache, MultiHeadAttention
 from .config import ConfigError, GPTConfig
 from .generation import LastTokenHead, generate, generate_tokens, optimize_for_decoding
 from .gpt import GPT, MLP, Block
-from .sampling import sample_next, top_k_filter, top_p_filter
+from .sampling import check_sampling, sample_next, top_k_filter, top_p_filter
 
 __all__ = [
     "GPT",
@@ -15,6 +15,7 @@ __all__ = [
     "KVCache",
     "LastTokenHead",
     "MultiHeadAttention",
+    "check_sampling",
     "generate",
     "generate_tokens",
     "optimize_for_decoding",

@@ -4,6 +4,22 @@ from __future__ import annotations
 
 import torch
 
+from .config import ConfigError
+
+
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """The one rule for sampling settings, shared by every config and command line that takes them.
+
+    Raises:
+        ConfigError: A value outside its range, named in one line.
+    """
+    if not temperature >= 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ConfigError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the k largest logits per row (B, V); the rest become -inf. Ties at the k-th value survive."""
@@ -36,12 +52,7 @@ def sample_next(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Next token ids (B, 1) from last-position logits (B, V). Temperature 0 means greedy."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    check_sampling(temperature, top_k, top_p)
     logits = logits.float()
     if temperature == 0:
         return torch.argmax(logits, dim=-1, keepdim=True)

@@ -1,8 +1,11 @@
-"""Callbacks and plugins the training run adds to Lightning's own."""
+"""Callbacks and plugins of a training run, beside Lightning's own.
+
+All of them are declared in the YAML (`trainer.callbacks`, `trainer.plugins`), so a run's
+behaviour can be read there and in `--print_config`, and changed without editing code.
+"""
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -11,7 +14,13 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from minigpt.common import atomic_write
+from minigpt.model import generate
+
+from .config import SampleConfig
 
 
 class TokensPerSecond(L.Callback):
@@ -50,31 +59,29 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as f:
+        with atomic_write(path) as tmp, open(tmp, "wb") as f:
             torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
 
 
 class SaveAndStopOnSignal(L.Callback):
     """On SIGINT (Ctrl-C) or SIGTERM, finish the current optimizer step, save, and stop.
 
-    The checkpoint lands where `--ckpt_path last` finds it. A second signal is not caught, so
-    pressing Ctrl-C twice still interrupts at once.
+    The checkpoint lands where `--ckpt_path last` finds it: `last.ckpt` beside the run's other
+    checkpoints. A second signal is not caught, so pressing Ctrl-C twice still interrupts at once.
     """
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        """Where the checkpoint goes; known once training starts."""
         self.received: int | None = None
         """The signal number that stopped the run, if one did."""
         self.saved_step: int | None = None
         self._previous: dict[int, Any] = {}
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        checkpoint = trainer.checkpoint_callback
+        folder = getattr(checkpoint, "dirpath", None) or Path(trainer.default_root_dir) / "checkpoints"
+        self.path = Path(folder) / "last.ckpt"
         # Installed here, after the Trainer's own SIGTERM handler: that one would raise as soon as
         # the current batch ends, before an accumulated optimizer step is complete and saved.
         if threading.current_thread() is not threading.main_thread():
@@ -104,3 +111,84 @@ class SaveAndStopOnSignal(L.Callback):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+
+
+class DivergenceError(RuntimeError):
+    """The loss, the gradients or the validation loss stopped being finite."""
+
+
+class StopOnNonFinite(L.Callback):
+    """Ends the run with DivergenceError when the loss, gradient norm or validation loss is not finite.
+
+    The loss is checked before its backward pass, so its gradients never reach the weights; the
+    gradient norm (`LitGPT.grad_norm`, measured when clipping) after the step it was taken in; the
+    validation loss before checkpoints are saved. Either way no checkpoint ever holds the bad
+    weights. Under DDP every rank stops together, or the others would wait for it forever.
+    """
+
+    def on_before_backward(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
+    ) -> None:
+        self._check(trainer, loss.detach(), "loss")
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        norm = getattr(pl_module, "grad_norm", None)
+        if norm is not None:
+            self._check(trainer, norm, "gradient norm", step=trainer.global_step - 1)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or "val_loss" not in trainer.callback_metrics:
+            return
+        self._check(trainer, trainer.callback_metrics["val_loss"], "validation loss")
+
+    @staticmethod
+    def _check(trainer: L.Trainer, value: torch.Tensor, what: str, step: int | None = None) -> None:
+        bad = not bool(torch.isfinite(value))
+        if trainer.world_size > 1:
+            bad = trainer.strategy.reduce_boolean_decision(bad, all=False)
+        if bad:
+            step = trainer.global_step if step is None else step
+            raise DivergenceError(f"the {what} became {value.item()} at step {step}")
+
+
+class SampleText(L.Callback):
+    """Generates a sample after every validation, prints it, and logs the growing table to wandb.
+
+    Runs on rank 0 only, with its own seeded generator, so samples from different steps differ
+    only by what the model learned.
+    """
+
+    def __init__(self, sample: SampleConfig = SampleConfig()) -> None:
+        """
+        Args:
+            sample: The prompt, length and sampling settings.
+        """
+        self.sample = sample
+        self.rows: list[list[Any]] = []
+        """(step, text) of every sample so far."""
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or not self.sample.max_new_tokens or not trainer.is_global_zero:
+            return
+        cfg, model = self.sample, pl_module.model
+        tokenizer = trainer.datamodule.tokenizer
+        prompt_ids = tokenizer.encode(cfg.prompt) or [tokenizer.eot_id or 0]
+        prompt = torch.tensor([prompt_ids[-model.config.context_length :]], device=pl_module.device)
+        out = generate(
+            model,
+            prompt,
+            cfg.max_new_tokens,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            stop_token=tokenizer.eot_id,
+            generator=torch.Generator(device=pl_module.device).manual_seed(cfg.seed),
+        )
+        text = cfg.prompt + tokenizer.decode(out[0, prompt.shape[1] :].tolist())
+        pl_module.print(f"\n--- sample at step {trainer.global_step} ---\n{text}\n---")
+        self.rows.append([trainer.global_step, text])
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_text(key="samples", columns=["step", "text"], data=self.rows)

@@ -1,11 +1,10 @@
-"""Typed configuration of what happens around the model: optimisation, samples, logging."""
+"""Typed configuration of what happens around the model: optimisation and samples."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-from minigpt.model import ConfigError
+from minigpt.model import ConfigError, check_sampling
 
 
 @dataclass(frozen=True)
@@ -47,37 +46,24 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class SampleConfig:
-    """A short sample generated at every validation, printed and logged to a table."""
+    """What to generate and how to choose tokens: used by `generate.py` and by the sample printed at
+    every validation."""
 
     prompt: str = "\n"
-    """Text the sample continues."""
+    """Text to continue."""
     max_new_tokens: int = 100
-    """Tokens to generate; 0 turns samples off."""
+    """Tokens to generate (per sample); 0 generates nothing."""
     temperature: float = 0.8
     """Softmax temperature; 0 is greedy."""
     top_k: int | None = 200
     """Sample only among the k most likely tokens (None: all)."""
+    top_p: float | None = None
+    """Nucleus sampling: only among the most likely tokens that together hold this much
+    probability, in (0, 1] (None: all)."""
     seed: int = 1337
-    """Seed of the sampler, so samples from different steps are comparable."""
+    """Seed of the sampler, so samples are reproducible (and comparable from step to step)."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
-            raise ConfigError(f"sample max_new_tokens must be >= 0, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"sample temperature must be >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"sample top_k must be >= 1, got {self.top_k}")
-
-
-@dataclass(frozen=True)
-class WandbConfig:
-    """The Weights & Biases dashboard. A CSV log is always written beside it."""
-
-    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
-    """auto: online when logged in (WANDB_API_KEY or a netrc entry), else offline; never prompts."""
-    project: str = "minigpt"
-    """wandb project name."""
-    name: str | None = None
-    """Run name shown in the dashboard (default: wandb's generated name)."""
-    entity: str | None = None
-    """wandb team or user (default: your default entity)."""
+            raise ConfigError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        check_sampling(self.temperature, self.top_k, self.top_p)

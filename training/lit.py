@@ -1,8 +1,9 @@
 """The LightningModule: a thin adapter that trains `minigpt.model.GPT` on token windows.
 
-It owns what lives outside the network: the loss, the optimizer and schedule, and samples at
-validation. It is the one place that knows both the model and the tokenizer, so it also
-records the tokenizer in every checkpoint.
+It owns what lives outside the network: the loss, the optimizer and schedule, gradient
+clipping, and the model description every checkpoint carries (shape and tokenizer, written by
+`minigpt.checkpoints`). Samples, throughput and the non-finite guard are callbacks
+(`callbacks.py`), declared in the YAML.
 """
 
 from __future__ import annotations
@@ -14,20 +15,13 @@ from typing import Any
 import lightning as L
 import torch
 
-from minigpt.model import GPT, ConfigError, GPTConfig, generate
-from minigpt.model.config import with_legacy_settings
+from minigpt.checkpoints import MODEL_KEY, describe
+from minigpt.checkpoints.description import with_legacy_settings
+from minigpt.model import GPT, ConfigError, GPTConfig
 
-from .config import OptimConfig, SampleConfig
+from .config import OptimConfig
 from .loss import fused_linear_cross_entropy, next_token_loss
 from .optim import build_optimizer, build_scheduler
-
-
-class DivergenceError(RuntimeError):
-    """The loss or the gradients stopped being finite."""
-
-
-CHECKPOINT_KEY = "minigpt"
-"""Checkpoint entry holding what is needed to rebuild the model without this module."""
 
 
 class LitGPT(L.LightningModule):
@@ -37,7 +31,6 @@ class LitGPT(L.LightningModule):
         self,
         gpt: GPTConfig = GPTConfig(),
         optim: OptimConfig = OptimConfig(),
-        sample: SampleConfig = SampleConfig(),
         fused_loss: bool = False,
         compile: bool = False,
     ) -> None:
@@ -45,14 +38,12 @@ class LitGPT(L.LightningModule):
         Args:
             gpt: Shape of the network.
             optim: Optimizer and learning-rate schedule.
-            sample: The sample generated at each validation.
             fused_loss: Compute the LM head and the loss a chunk of rows at a time, never holding
-                the full logits: same result in far less memory with a large vocabulary. Off by
-                default: with the allocator tuned (--keep_freed_memory) full logits are faster on
-                CPU (benchmarks/RESULTS.md, allocator levers).
+                the full logits: the same result in far less memory with a large vocabulary, but
+                slower than full logits where memory is plentiful (benchmarks/RESULTS.md).
             compile: Run the network's blocks through `torch.compile` (the loss and sampling stay
-                eager). The first training step and the first validation each pay a compile of
-                tens of seconds; see benchmarks/RESULTS.md for what it gains on your shapes.
+                eager). The first training step and the first validation each pay a compile;
+                benchmarks/RESULTS.md says what it gains at our shapes.
         """
         super().__init__()
         # Plain dicts, so checkpoints load with torch.load(weights_only=True).
@@ -60,7 +51,6 @@ class LitGPT(L.LightningModule):
             {
                 "gpt": asdict(gpt),
                 "optim": asdict(optim),
-                "sample": asdict(sample),
                 "fused_loss": fused_loss,
                 "compile": compile,
             }
@@ -70,13 +60,12 @@ class LitGPT(L.LightningModule):
         self._features: Any = None
         self.gpt_config = gpt
         self.optim_config = optim
-        self.sample_config = sample
         self.model: GPT | None = None
         self.tokenizer_spec: dict[str, Any] | None = None
+        self.grad_norm: torch.Tensor | None = None
+        """Global gradient norm of the last optimizer step, before clipping (None without clipping)."""
         self._val_loss_sum = 0.0
         self._val_batches = 0
-        self.samples: list[list[Any]] = []
-        """Rows (step, text) of the samples so far, for the dashboard's table."""
 
     # -- building ---------------------------------------------------------------------------
 
@@ -116,25 +105,17 @@ class LitGPT(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = self.loss(x, y)
-        self._check_finite(loss, "loss")
         self.log("train_loss", loss, prog_bar=True)
         return loss
-
-    def _check_finite(self, value: torch.Tensor, what: str) -> None:
-        """Stop before a non-finite value reaches the weights, and so any checkpoint."""
-        bad = not bool(torch.isfinite(value))
-        if self.trainer.world_size > 1:  # all ranks stop together, or the others would hang
-            bad = self.trainer.strategy.reduce_boolean_decision(bad, all=False)
-        if bad:
-            raise DivergenceError(f"the {what} became {value.item()} at step {self.global_step}")
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Clipping here rather than through Trainer(gradient_clip_val=...): Lightning refuses that
         # with fused AdamW under mixed precision, although bf16 needs no gradient unscaling.
         if self.optim_config.grad_clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim_config.grad_clip)
-            self._check_finite(norm, "gradient norm")
-            self.log("grad_norm", norm)
+            self.grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.model.parameters(), self.optim_config.grad_clip
+            )
+            self.log("grad_norm", self.grad_norm)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
@@ -151,47 +132,18 @@ class LitGPT(L.LightningModule):
         if self._val_batches:
             local_mean = torch.tensor(self._val_loss_sum / self._val_batches, device=self.device)
             mean = float(self.trainer.strategy.reduce(local_mean, reduce_op="mean"))
-            if not math.isfinite(mean):  # raised before ModelCheckpoint would save these weights
-                raise DivergenceError(f"the validation loss became {mean} at step {self.global_step}")
             # Perplexity of the mean loss (not the mean of per-batch perplexities).
             self.log("val_ppl", math.exp(min(mean, 50.0)), sync_dist=True)  # same on every rank
-        if self.sample_config.max_new_tokens and not self.trainer.sanity_checking:
-            self._sample()
-
-    def _sample(self) -> None:
-        """Generate the configured sample on rank 0, print it, and log it to every logger that takes text."""
-        if not self.trainer.is_global_zero:
-            return
-        cfg = self.sample_config
-        tokenizer = self.trainer.datamodule.tokenizer
-        prompt_ids = tokenizer.encode(cfg.prompt) or [tokenizer.eot_id or 0]
-        prompt = torch.tensor([prompt_ids[-self.gpt_config.context_length :]], device=self.device)
-        generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        out = generate(
-            self.model,
-            prompt,
-            cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_k=cfg.top_k,
-            stop_token=tokenizer.eot_id,
-            generator=generator,
-        )
-        text = tokenizer.decode(out[0, prompt.shape[1] :].tolist())
-        self.print(f"\n--- sample at step {self.global_step} ---\n{cfg.prompt}{text}\n---")
-        self.samples.append([self.global_step, cfg.prompt + text])
-        for logger in self.loggers:
-            if hasattr(logger, "log_text"):
-                logger.log_text(key="samples", columns=["step", "text"], data=self.samples)
 
     # -- checkpoints ------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[CHECKPOINT_KEY] = {"gpt": asdict(self.gpt_config), "tokenizer": self.tokenizer_spec}
+        checkpoint[MODEL_KEY] = describe(self.gpt_config, self.tokenizer_spec)
         # Dropout draws from torch's generator: restoring it makes a resumed run exact.
         checkpoint["torch_rng_state"] = torch.get_rng_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get(CHECKPOINT_KEY)
+        saved = checkpoint.get(MODEL_KEY)
         if saved is None:
             raise ConfigError("checkpoint was not written by minigpt (no model description in it)")
         if saved["tokenizer"] != self.tokenizer_spec:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import tiktoken
 
+from minigpt.common import sha256_file
 from minigpt.data import DataError, load_gpt2_encoding
 from minigpt.data import gpt2_encoding as module
-from minigpt.common import sha256_file
 
 
 def test_explicit_path_works_offline(offline_gpt2: Path, ranks_bytes: bytes, tmp_path: Path) -> None:

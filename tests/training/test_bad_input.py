@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from minigpt.training.cli import train_main
+from minigpt.cli.train import train_main
 
 from .conftest import tiny_args
 

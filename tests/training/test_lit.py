@@ -13,7 +13,7 @@ from torch.testing import assert_close
 from minigpt.data import DataConfig, TextDataModule
 from minigpt.model import GPT as Network
 from minigpt.model import ConfigError, GPTConfig
-from minigpt.training.config import OptimConfig, SampleConfig
+from minigpt.training.config import OptimConfig
 from minigpt.training.lit import LitGPT
 
 GPT = GPTConfig(context_length=32, n_layer=1, n_head=2, n_embd=32)
@@ -37,7 +37,7 @@ class GradNorms(L.Callback):
 
 def test_bf16_mixed_with_fused_adamw_clips_gradients(corpus: Path, tmp_path: Path) -> None:
     norms = GradNorms()
-    lit = LitGPT(GPT, OptimConfig(lr=1e-2, grad_clip=0.05, fused=True), SampleConfig(max_new_tokens=0))
+    lit = LitGPT(GPT, OptimConfig(lr=1e-2, grad_clip=0.05, fused=True))
     trainer = L.Trainer(
         max_steps=5,
         precision="bf16-mixed",
@@ -89,7 +89,7 @@ def test_compiled_blocks_give_the_eager_loss_and_gradients(corpus: Path, tmp_pat
 
 
 def test_vocab_smaller_than_the_tokenizer_is_refused(corpus: Path, tmp_path: Path) -> None:
-    lit = LitGPT(replace(GPT, vocab_size=3), sample=SampleConfig(max_new_tokens=0))
+    lit = LitGPT(replace(GPT, vocab_size=3))
     trainer = L.Trainer(
         max_steps=1,
         accelerator="cpu",

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) -> None:
     env = {"WANDB_MODE": None, "WANDB_API_KEY": None, "NETRC": str(tmp_path / "no-netrc")}
     result = run_script(
-        "train.py", *tiny_args(corpus, tmp_path / "run", "--wandb.mode", "auto"), cwd=tmp_path, env=env
+        "train.py", *tiny_args(corpus, tmp_path / "run", "--trainer.logger.mode", "auto"), cwd=tmp_path, env=env
     )
     assert result.returncode == 0, result.stderr[-3000:]
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minigpt.training.checkpoint import load_model
+from minigpt.checkpoints import load_model
 
 from .conftest import run_script, tiny_args
 

@@ -1,4 +1,4 @@
-from minigpt.training.cli import TextStream
+from minigpt.cli.generate import TextStream
 
 
 def test_partial_utf8_characters_are_held_back() -> None:

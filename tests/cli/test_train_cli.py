@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from minigpt.cli.common import CONFIG_DIRS, resolve_config_args
+from minigpt.cli.train import MiniGPTCLI, train_main
+from minigpt.common import UsageError
 from minigpt.data import TextDataModule
-from minigpt.training.cli import CONFIG_DIRS, MiniGPTCLI, UsageError, resolve_config_args, train_main
 from minigpt.training.lit import LitGPT
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,7 +94,12 @@ def test_print_config_shows_every_section(capsys: pytest.CaptureFixture[str]) ->
         train_main(["--config", "tiny.yaml", "--print_config"])
     assert exit_info.value.code == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert {"trainer", "model", "data", "wandb", "ckpt_path", "seed_everything"} <= set(printed)
+    assert {"trainer", "model", "data", "ckpt_path", "seed_everything"} <= set(printed)
+    # The loggers and callbacks a run uses are in the config, not built in code.
+    loggers = [entry["class_path"] for entry in printed["trainer"]["logger"]]
+    assert loggers == ["minigpt.training.loggers.CSVLogger", "minigpt.training.loggers.WandbLogger"]
+    callbacks = {entry["class_path"].rsplit(".", 1)[1] for entry in printed["trainer"]["callbacks"]}
+    assert {"ModelCheckpoint", "SampleText", "StopOnNonFinite", "SaveAndStopOnSignal"} <= callbacks
     assert printed["model"]["gpt"]["n_layer"] == 2
     assert {"lr", "warmup_steps", "weight_decay"} <= set(printed["model"]["optim"])
 

@@ -1,0 +1,132 @@
+"""The model file formats minigpt reads, each behind the same interface.
+
+A format says whether it can read a path and, if so, returns a `ModelFile`: the description and a
+way to put the weights into a built `GPT`. To add a format, write a class with `name`,
+`recognizes(path)` and `open(path)`, and add an instance to `FORMATS`.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_model as load_safetensors_into
+from torch import nn
+
+from .convert import from_lightning
+from .description import MODEL_KEY
+from .errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A readable model file: its description and how to load its weights."""
+
+    path: Path
+    description: dict[str, Any]
+    """What `describe` wrote: the model's config and its tokenizer spec."""
+    load_weights: Callable[[nn.Module], None]
+    """Copies the weights into a model built from the description (raises on any mismatch)."""
+
+
+class ModelFormat(Protocol):
+    name: str
+
+    def recognizes(self, path: Path) -> bool:
+        """Whether this format reads `path` (by its name or layout; contents are checked in `open`)."""
+        ...
+
+    def open(self, path: Path) -> ModelFile:
+        """Read the description; raise CheckpointError naming the problem if the file is unusable."""
+        ...
+
+
+def check_readable(path: Path) -> None:
+    """Fail fast on a truncated or foreign file: torch.save writes a zip archive, index at the end."""
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"cannot read checkpoint {path}: truncated or not a PyTorch checkpoint")
+
+
+class LightningCheckpoint:
+    """A `.ckpt` file that training wrote: Lightning's dict with our description under MODEL_KEY.
+
+    Read with `torch.load(weights_only=True)`: a file is untrusted input, and full unpickling
+    would run whatever code it names.
+    """
+
+    name = "lightning"
+
+    def recognizes(self, path: Path) -> bool:
+        return path.is_file() and path.suffix != ".safetensors"
+
+    def open(self, path: Path) -> ModelFile:
+        check_readable(path)
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as err:
+            reason = str(err).splitlines()[0]
+            raise CheckpointError(
+                f"refusing to load {path}: it holds objects other than tensors ({reason})"
+            ) from None
+        except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
+            raise CheckpointError(
+                f"cannot read checkpoint {path}: truncated or not a PyTorch checkpoint ({err})"
+            ) from None
+        if not isinstance(checkpoint, dict) or MODEL_KEY not in checkpoint or "state_dict" not in checkpoint:
+            raise CheckpointError(f"{path} is not a minigpt checkpoint")
+        state = from_lightning(checkpoint["state_dict"])
+        return ModelFile(path, checkpoint[MODEL_KEY], lambda model: model.load_state_dict(state))
+
+
+class SafetensorsWeights:
+    """A `.safetensors` file that export wrote: the weights, with the description as JSON metadata."""
+
+    name = "safetensors"
+
+    def recognizes(self, path: Path) -> bool:
+        return path.is_file() and path.suffix == ".safetensors"
+
+    def open(self, path: Path) -> ModelFile:
+        try:
+            with safe_open(path, framework="pt") as f:
+                metadata = f.metadata() or {}
+            description = json.loads(metadata[MODEL_KEY])
+        except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"cannot read {path} as minigpt safetensors weights ({err})") from None
+        # safetensors stores tied tensors once; its own loader restores the sharing.
+        return ModelFile(path, description, lambda model: load_safetensors_into(model, path))
+
+
+FORMATS: tuple[ModelFormat, ...] = (SafetensorsWeights(), LightningCheckpoint())
+"""Every format, tried in order; the first that recognizes a path reads it."""
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A model file, or a run directory (its best, else last, checkpoint)."""
+    path = Path(path)
+    if path.is_dir():
+        for candidate in (path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt"):
+            if candidate.is_file():
+                return candidate
+        raise CheckpointError(
+            f"no checkpoint in run directory {path} (expected checkpoints/best.ckpt or last.ckpt)"
+        )
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    return path
+
+
+def open_model_file(path: str | Path) -> ModelFile:
+    """Open whatever `path` names (a run directory or a model file) with the format that reads it."""
+    path = resolve_checkpoint(path)
+    for model_format in FORMATS:
+        if model_format.recognizes(path):
+            return model_format.open(path)
+    raise CheckpointError(f"{path} is in none of the formats minigpt reads")

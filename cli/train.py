@@ -1,0 +1,167 @@
+"""`train.py`: LightningCLI over `LitGPT` and `TextDataModule`, loggers and callbacks from the YAML."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from jsonargparse import Namespace, set_parsing_settings
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lightning.pytorch.loggers import CSVLogger
+
+from minigpt.checkpoints import CheckpointError, check_readable
+from minigpt.common import UsageError
+from minigpt.data import TextDataModule
+from minigpt.training.allocator import keep_freed_memory
+from minigpt.training.callbacks import DivergenceError, SaveAndStopOnSignal
+from minigpt.training.lit import LitGPT
+from minigpt.training.precision import resolve_precision
+
+from .common import USER_ERRORS, report, resolve_config_args
+
+DEFAULT_RUN_DIR = "runs/default"
+
+
+class MiniGPTCLI(LightningCLI):
+    """LightningCLI with resuming, the allocator setting, and run-folder defaults for paths."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument(
+            "--ckpt_path",
+            type=str | None,
+            default=None,
+            help="Resume from this checkpoint; 'last' picks the run's latest.",
+        )
+        parser.add_argument(
+            "--keep_freed_memory",
+            type=bool,
+            default=True,
+            help="Let malloc reuse freed memory instead of page-faulting it in every step (glibc; faster).",
+        )
+        parser.link_arguments("model.gpt.context_length", "data.context_length")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config
+        if config.get("keep_freed_memory"):
+            keep_freed_memory()  # before the model and data allocate anything
+        trainer = config.trainer
+        if trainer.get("gradient_clip_val"):
+            raise UsageError(
+                "set gradient clipping with --model.optim.grad_clip, not --trainer.gradient_clip_val"
+            )
+        trainer.precision = resolve_precision(trainer.get("precision"))
+        trainer.default_root_dir = trainer.get("default_root_dir") or DEFAULT_RUN_DIR
+        place_in_run_folder(trainer, Path(trainer.default_root_dir))
+
+
+def _entries(value: Any) -> list[Namespace]:
+    """The class_path entries of a `trainer.logger` or `trainer.callbacks` value (one or a list)."""
+    items = value if isinstance(value, list) else [value]
+    return [item for item in items if isinstance(item, Namespace) and item.get("class_path")]
+
+
+def place_in_run_folder(trainer: Namespace, run_dir: Path) -> None:
+    """Point the paths the YAML leaves null into the run folder: loggers' `save_dir`, and
+    ModelCheckpoint's `dirpath` (`<run>/checkpoints`, where `--ckpt_path last` looks)."""
+    for entry in _entries(trainer.get("logger")):
+        if "save_dir" in entry.init_args and entry.init_args.save_dir is None:
+            entry.init_args.save_dir = str(run_dir)
+    for entry in _entries(trainer.get("callbacks")):
+        if entry.class_path.endswith(".ModelCheckpoint") and entry.init_args.get("dirpath") is None:
+            entry.init_args.dirpath = str(run_dir / "checkpoints")
+
+
+class SaveAndLogConfig(SaveConfigCallback):
+    """Lightning's config.yaml beside the CSV metrics, and the full config in every other logger
+    (the wandb run's config, TensorBoard's hparams)."""
+
+    def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        config = self.config.as_dict()
+        for logger in trainer.loggers:
+            if not isinstance(logger, CSVLogger):
+                logger.log_hyperparams(config)
+
+
+def check_output_dir(out_dir: Path, ckpt_path: str | None) -> None:
+    """Refuse to start a new run on top of another run's checkpoints, or to resume from nothing."""
+    checkpoints = out_dir / "checkpoints"
+    if ckpt_path is None and checkpoints.is_dir() and any(checkpoints.glob("*.ckpt")):
+        raise UsageError(
+            f"{out_dir} already holds a run: resume it with --ckpt_path last, "
+            "or choose another --trainer.default_root_dir"
+        )
+    if ckpt_path == "last":
+        if not (checkpoints / "last.ckpt").is_file():
+            raise UsageError(f"--ckpt_path last: there is no {checkpoints / 'last.ckpt'} to resume from")
+        check_readable(checkpoints / "last.ckpt")
+    elif ckpt_path is not None:
+        path = Path(ckpt_path)
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint not found: {ckpt_path}")
+        check_readable(path)
+
+
+def train_main(args: Sequence[str] | None = None) -> int:
+    """Parse the command line, then fit. Returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertising())
+    # Two warnings every run would print from inside Lightning, about nothing the user can change:
+    # its model summary cannot size bf16 weights, and its pytree helper uses an API torch deprecated.
+    warnings.filterwarnings("ignore", message="Precision bf16-mixed is not supported by the model summary")
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # The config dataclasses document each field in a docstring under it; show those in --help.
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    argv = list(sys.argv[1:] if args is None else args)
+    out_dir = Path(DEFAULT_RUN_DIR)
+    try:
+        with warnings.catch_warnings():
+            # We hand LightningCLI the command line ourselves, after resolving config names.
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+            cli = MiniGPTCLI(
+                LitGPT,
+                TextDataModule,
+                run=False,
+                args=resolve_config_args(argv),
+                seed_everything_default=1337,
+                parser_kwargs={"exit_on_error": False},
+                save_config_callback=SaveAndLogConfig,
+                save_config_kwargs={"overwrite": True},
+            )
+        out_dir = Path(cli.trainer.default_root_dir)
+        check_output_dir(out_dir, cli.config.ckpt_path)
+        cli.trainer.fit(
+            cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path, weights_only=True
+        )
+    except USER_ERRORS as err:
+        return report(err)
+    except DivergenceError as err:
+        last = out_dir / "checkpoints" / "last.ckpt"
+        kept = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was written"
+        print(f"error: training diverged: {err}; {kept}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted before training started", file=sys.stderr)
+        return 130
+    stopper = next((c for c in cli.trainer.callbacks if isinstance(c, SaveAndStopOnSignal)), None)
+    if stopper is not None and stopper.received is not None:
+        if cli.trainer.is_global_zero:
+            print(
+                f"stopped by {signal.Signals(stopper.received).name}: saved step {stopper.saved_step} to "
+                f"{stopper.path}; continue with the same command and --ckpt_path last",
+                file=sys.stderr,
+            )
+        return 128 + stopper.received
+    return 0
+
+
+class _NoAdvertising(logging.Filter):
+    """Drops Lightning's suggestion to install its hosted logger, printed at every start."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()

@@ -1,0 +1,67 @@
+"""generate.py and export.py: typed options, one-line errors, nothing overwritten."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from minigpt.checkpoints import load_model
+from minigpt.cli.export import export_main
+from minigpt.cli.generate import generate_main
+from minigpt.model import GPT
+
+from ..checkpoints.test_load import CONFIG, write_checkpoint
+from ..checkpoints.test_load import model as model  # noqa: F401  (the fixture)
+
+
+def test_generate_reports_bad_checkpoints_in_one_line(
+    model: GPT, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_checkpoint(tmp_path / "m.ckpt", model)
+    path.write_bytes(b"not a checkpoint")
+    assert generate_main(["--checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: cannot read checkpoint")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prompt", ""], "the prompt is empty"),
+        (["--max_new_tokens", "-1"], "max_new_tokens must be >= 0"),
+        (["--temperature", "-0.5"], "temperature must be >= 0"),
+        (["--top_p", "0"], "top_p must be in (0, 1]"),
+        (["--top_p", "1.5"], "top_p must be in (0, 1]"),
+        (["--top_k", "0"], "top_k must be >= 1"),
+        (["--prompt", "ROMEO!"], "'R' (U+0052)"),
+    ],
+)
+def test_generate_rejects_bad_options_in_one_line(
+    model: GPT, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    path = write_checkpoint(tmp_path / "m.ckpt", model)
+    assert generate_main(["--checkpoint", str(path), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_a_prompt_longer_than_the_context_is_cropped_with_a_warning(
+    model: GPT, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_checkpoint(tmp_path / "m.ckpt", model)
+    prompt = "to be or not to be that is the question"
+    assert generate_main(["--checkpoint", str(path), "--prompt", prompt, "--max_new_tokens", "5"]) == 0
+    out, err = capsys.readouterr()
+    assert f"the prompt has {len(prompt)} tokens; only its last 16 fit the context" in err
+    assert out.startswith(prompt) and len(out) == len(prompt) + 5 + 1
+
+
+def test_export_never_overwrites_without_force(model: GPT, tmp_path: Path, capsys) -> None:
+    ckpt = write_checkpoint(tmp_path / "m.ckpt", model)
+    out = tmp_path / "m.safetensors"
+    out.write_bytes(b"keep me")
+    assert export_main(["--checkpoint", str(ckpt), "--out", str(out)]) == 2
+    assert out.read_bytes() == b"keep me"
+    assert export_main(["--checkpoint", str(ckpt), "--out", str(out), "--force"]) == 0
+    assert load_model(out)[0].config == CONFIG

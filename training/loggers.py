@@ -1,0 +1,127 @@
+"""Loggers that write into the run folder, and a wandb logger that never prompts or hangs.
+
+Loggers are declared in the YAML (`trainer.logger`, each with a `class_path`). A logger whose
+`save_dir` is left null writes into the run folder (`trainer.default_root_dir`): `train.py`
+fills it in before building the logger, so `--trainer.default_root_dir` moves the whole run.
+Any other Lightning logger works too, with its `save_dir` written out.
+"""
+
+from __future__ import annotations
+
+import logging
+import netrc
+import os
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
+from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
+
+from minigpt.common import UsageError
+
+log = logging.getLogger("minigpt")
+
+WandbMode = Literal["auto", "online", "offline", "disabled"]
+
+
+def wandb_logged_in() -> bool:
+    """True when wandb has credentials: WANDB_API_KEY, or a netrc entry for its host."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def wandb_reachable(timeout: float = 3.0) -> bool:
+    """Whether wandb's server answers a TCP connection, so an online run won't hang at start."""
+    url = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+    host = url.split("://")[-1].split("/")[0]
+    port = 80 if url.startswith("http://") else 443
+    if ":" in host:
+        host, port = host.rsplit(":", 1)[0], int(host.rsplit(":", 1)[1])
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def wandb_mode(mode: WandbMode) -> str:
+    """The mode a run uses: `auto` defers to $WANDB_MODE, then picks online when logged in and the
+    server answers, else offline.
+
+    Raises:
+        UsageError: $WANDB_MODE is not a mode, or online is asked for without credentials (wandb
+            would otherwise stop and prompt for a key).
+    """
+    chosen = (os.environ.get("WANDB_MODE") or "auto") if mode == "auto" else mode
+    if chosen == "dryrun":
+        chosen = "offline"
+    if chosen not in ("auto", "online", "offline", "disabled"):
+        raise UsageError(f"WANDB_MODE={chosen!r} is not one of online, offline, disabled")
+    if chosen == "auto":
+        chosen = "online" if wandb_logged_in() else "offline"
+        if chosen == "online" and not wandb_reachable():
+            log.warning("wandb: logged in but its server is unreachable; logging offline (wandb sync later)")
+            chosen = "offline"
+    if chosen == "online" and not wandb_logged_in():
+        raise UsageError(
+            "wandb mode is online but no credentials were found: run `wandb login` or set WANDB_API_KEY"
+        )
+    return chosen
+
+
+class WandbLogger(LightningWandbLogger):
+    """Lightning's `WandbLogger` with one more choice of `mode`: `auto`, the default.
+
+    `auto` logs online when you are logged in (`wandb login` or WANDB_API_KEY) and wandb's server
+    answers, and offline into the run folder otherwise (`wandb sync` uploads it later);
+    $WANDB_MODE, when set, takes precedence, as in wandb itself (`WANDB_MODE=disabled` turns it
+    off). Every other argument is `lightning.pytorch.loggers.WandbLogger`'s and `wandb.init`'s.
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        save_dir: str | Path | None = None,
+        project: str | None = "minigpt",
+        mode: WandbMode = "auto",
+        **kwargs: Any,
+    ) -> None:
+        """
+        Args:
+            name: Run name shown in the dashboard (default: wandb's generated name).
+            save_dir: Where the `wandb/` folder goes (null: the run folder).
+            project: wandb project.
+            mode: auto, online, offline or disabled (see the class docstring).
+            **kwargs: Passed on to Lightning's WandbLogger and `wandb.init` (entity, tags, group, ...).
+        """
+        self.mode = wandb_mode(mode)
+        self._wandb_dir: Path | None = None if self.mode == "disabled" else Path(save_dir or ".") / "wandb"
+        super().__init__(name=name, save_dir=str(save_dir or "."), project=project, mode=self.mode, **kwargs)
+
+    @property
+    def experiment(self) -> Any:
+        # wandb writes into <save_dir>/wandb, which must exist; made here, when the run starts,
+        # so that a command line refused before training leaves no folder behind.
+        if self._wandb_dir is not None:
+            self._wandb_dir.mkdir(parents=True, exist_ok=True)
+            self._wandb_dir = None
+        return super().experiment
+
+
+class CSVLogger(LightningCSVLogger):
+    """Lightning's `CSVLogger` (metrics.csv per run version), in the run folder by default."""
+
+    def __init__(self, save_dir: str | Path | None = None, name: str | None = "csv", **kwargs: Any) -> None:
+        """
+        Args:
+            save_dir: Parent of the `name/version_N/` folders (null: the run folder).
+            name: Folder for this logger's versions.
+            **kwargs: Passed on to Lightning's CSVLogger (version, prefix, flush_logs_every_n_steps).
+        """
+        super().__init__(save_dir=save_dir or ".", name=name, **kwargs)
