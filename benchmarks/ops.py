@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Where a training step's time goes: the wall-clock time of every PyTorch operator in one step.
 
-The step is `bench.py`'s (forward, loss, backward, AdamW step on a fixed batch), with train.py's
-allocator setting unless ``--allocator default``. A dispatch mode puts a clock around every aten
-call of the step, forward, backward and optimizer alike, so each operator is timed as it runs in
-the step. (torch.profiler is not used: while it records, some operators run several times slower
-here, e.g. the attention softmax at the char shape.) Matrix products are also listed by shape and
-layout with their GFLOP/s, next to a square matmul of the same precision timed right after.
+The step is `bench.py`'s (forward, loss, backward, AdamW step on a fixed batch, built by
+`suite.contestants`), with train.py's allocator setting unless ``--allocator default``. A
+dispatch mode puts a clock around every aten call of the step, forward, backward and optimizer
+alike, so each operator is timed as it runs in the step. (torch.profiler is not used: while it
+records, some operators run several times slower here, e.g. the attention softmax at the char
+shape.) Matrix products are also listed by shape and layout with their GFLOP/s, next to a square
+matmul of the same precision timed right after.
 
     python benchmarks/ops.py                              # ours, char shape, bf16 autocast
     python benchmarks/ops.py --shape small --impl peer-fast
@@ -19,16 +20,16 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402  (the benchmark next to this file)
+from minigpt.training import allocator
 
-from minigpt.training import allocator  # noqa: E402
+from suite.contestants import TrainSpec, build_train_step
+from suite.probes import Matmul
+from suite.shapes import shapes
 
 MATMULS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2), "baddbmm": (1, 2)}
 """aten matrix products and the positions of their two factors."""
@@ -79,7 +80,7 @@ def median_step_ms(step: Any, steps: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", choices=sorted(bench.SHAPES), default="char")
+    parser.add_argument("--shape", choices=sorted(shapes()), default="char")
     parser.add_argument("--impl", choices=("ours", "peer", "peer-fast"), default="ours")
     parser.add_argument("--fp32", action="store_true", help="fp32 instead of bf16 autocast")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (each way)")
@@ -89,9 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.allocator == "tuned":
         allocator.keep_freed_memory()  # before any tensor exists, as train.py does
 
-    spec = bench.TrainSpec(shape=args.shape, impl=args.impl, bf16=not args.fp32)
+    spec = TrainSpec(shape=args.shape, impl=args.impl, bf16=not args.fp32)
     try:
-        step, tokens, _ = bench.build_train_step(spec, batch_div=1)
+        step, tokens, _ = build_train_step(spec, batch_div=1)
     except RuntimeError as err:  # the peer is not installed
         print(f"ops.py: {err}", file=sys.stderr)
         return 2
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     with clock:
         timed_ms = median_step_ms(step, args.steps)
     plain_after_ms = median_step_ms(step, args.steps)
-    peak = bench.Matmul().probe(spec.dtype)
+    peak = Matmul().probe(spec.dtype)
 
     per_step = {name: seconds * 1e3 / args.steps for name, seconds in clock.seconds.items()}
     total = sum(per_step.values())

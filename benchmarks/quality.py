@@ -54,14 +54,15 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from minigpt.checkpoints import load_model
 from minigpt.data import DataConfig, prepare
 from minigpt.training.allocator import keep_freed_memory
-from minigpt.training.checkpoint import load_model
 from minigpt.training.config import OptimConfig
 from minigpt.training.optim import build_optimizer, build_scheduler
 
+from suite.peer import PEER_INSTALL
+
 ROOT = Path(__file__).resolve().parents[1]
-PEER_INSTALL = "pip install --no-deps llms-from-scratch"
 
 
 def log(message: str) -> None:
@@ -286,7 +287,7 @@ def prepare_tokens(args: argparse.Namespace, cfg: dict[str, Any], work: Path) ->
             raise SystemExit(f"the two tokenizations differ in length on {split}; losses would not compare")
         np.save(work / f"{split}_gpt2.npy", np.asarray(gpt2.tokens(split)))
     if cfg["tokenizer"] == "gpt2-compact":
-        from minigpt.data.tokenizer import tokenizer_from_spec
+        from minigpt.data import tokenizer_from_spec
 
         compact = tokenizer_from_spec(ours.meta["tokenizer"])
         if not np.array_equal(
