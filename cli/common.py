@@ -10,7 +10,14 @@ from typing import Any, TypeVar
 
 import docstring_parser
 import yaml
-from jsonargparse import ActionConfigFile, ActionYesNo, ArgumentError, ArgumentParser, Namespace
+from jsonargparse import (
+    ActionConfigFile,
+    ActionYesNo,
+    ArgumentError,
+    ArgumentParser,
+    Namespace,
+    set_parsing_settings,
+)
 
 from minigpt.checkpoints import CheckpointError
 from minigpt.common import UsageError, one_line
@@ -73,6 +80,7 @@ def options_parser(prog: str, description: str, *option_classes: type, **default
     `--no_force`), as people expect of a command line. `defaults` override the classes' own
     defaults for this command. `--config file.yaml` reads any of the options from a file.
     """
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)  # field docstrings become --help
     parser = ArgumentParser(prog=prog, description=description, exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile, help="Read options from this YAML file.")
     for cls in option_classes:

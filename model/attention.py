@@ -6,9 +6,9 @@ projection) and adds two things a real model needs: a path through PyTorch's fus
 scaled-dot-product attention (SDPA), and a key/value cache for generation.
 
 Which path runs is the `attention` setting. "auto" takes SDPA on GPUs, where its flash kernels
-save time and memory, and the textbook computation on CPU, where PyTorch's flash kernel made a
-whole bf16 training step slower (char shape: 5,259 vs 6,724 tokens/s, benchmarks/RESULTS.md).
-Decoding one token at a time on CPU takes SDPA: one call instead of five small ones.
+save time and memory, and the textbook computation on CPU, where PyTorch's flash kernel makes a
+bf16 training step slower (measured in benchmarks/RESULTS.md). Decoding one token at a time on
+CPU takes SDPA: one call instead of five small ones.
 """
 
 from __future__ import annotations

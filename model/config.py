@@ -46,7 +46,7 @@ class GPTConfig:
     gelu_approximate: str = "none"
     """The MLP's GELU: "none" computes it exactly (with erf, as nanoGPT does), "tanh" with GPT-2's
     approximation, for GPT-2's own weights. The two differ by under 1e-3; on CPU the exact one is
-    3.5x faster, forward and backward (benchmarks/RESULTS.md)."""
+    the faster of the two (benchmarks/RESULTS.md)."""
     attention: str = "auto"
     """How attention is computed: "sdpa" (PyTorch's fused kernels), "explicit" (the textbook
     matmul-mask-softmax-matmul) or "auto" (SDPA on GPUs; explicit on CPU, where it trains faster,

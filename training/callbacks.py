@@ -180,9 +180,7 @@ class SampleText(L.Callback):
             model,
             prompt,
             cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_k=cfg.top_k,
-            top_p=cfg.top_p,
+            **cfg.sampling(),
             stop_token=tokenizer.eot_id,
             generator=torch.Generator(device=pl_module.device).manual_seed(cfg.seed),
         )

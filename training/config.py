@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from minigpt.model import ConfigError, check_sampling
 
@@ -67,3 +68,7 @@ class SampleConfig:
         if self.max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         check_sampling(self.temperature, self.top_k, self.top_p)
+
+    def sampling(self) -> dict[str, Any]:
+        """The keyword arguments that choose tokens, as `minigpt.model.generate` takes them."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}

@@ -65,3 +65,32 @@ def test_export_never_overwrites_without_force(model: GPT, tmp_path: Path, capsy
     assert out.read_bytes() == b"keep me"
     assert export_main(["--checkpoint", str(ckpt), "--out", str(out), "--force"]) == 0
     assert load_model(out)[0].config == CONFIG
+
+
+def test_generate_reads_its_options_from_a_config_file(
+    model: GPT, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_checkpoint(tmp_path / "m.ckpt", model)
+    config = tmp_path / "sample.yaml"
+    config.write_text(f"checkpoint: {path}\nprompt: to be\nmax_new_tokens: 4\ntemperature: 0\n")
+    assert generate_main(["--config", str(config)]) == 0
+    greedy = capsys.readouterr().out
+    assert greedy.startswith("to be") and len(greedy) == len("to be") + 4 + 1
+    # Options after --config win, as for train.py.
+    assert generate_main(["--config", str(config), "--max_new_tokens", "2"]) == 0
+    assert capsys.readouterr().out == greedy[: len("to be") + 2] + "\n"
+
+
+def test_every_generate_option_is_documented_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        generate_main(["--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for option, words in [
+        ("--checkpoint", "run folder"),
+        ("--temperature", "0 is greedy"),
+        ("--top_p", "Nucleus sampling"),
+        ("--no_cache", "KV cache"),
+        ("--num_samples", "Independent samples"),
+    ]:
+        assert option in text and words in text, option

@@ -17,7 +17,10 @@ pytestmark = pytest.mark.slow
 def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) -> None:
     env = {"WANDB_MODE": None, "WANDB_API_KEY": None, "NETRC": str(tmp_path / "no-netrc")}
     result = run_script(
-        "train.py", *tiny_args(corpus, tmp_path / "run", "--trainer.logger.mode", "auto"), cwd=tmp_path, env=env
+        "train.py",
+        *tiny_args(corpus, tmp_path / "run", "--trainer.logger.mode", "auto"),
+        cwd=tmp_path,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
@@ -71,3 +74,20 @@ def test_the_wandb_api_key_never_reaches_logs_or_saved_configs(corpus: Path, tmp
     for path in (tmp_path / "run").rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
+
+
+def test_a_logger_is_added_by_yaml_alone(corpus: Path, tmp_path: Path) -> None:
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(
+        "trainer:\n"
+        "  logger:\n"
+        "    - class_path: minigpt.training.loggers.CSVLogger\n"
+        "    - class_path: lightning.pytorch.loggers.CSVLogger\n"
+        f"      init_args: {{save_dir: {tmp_path / 'elsewhere'}, name: extra}}\n"
+    )
+    args = tiny_args(corpus, tmp_path / "run", "--config", str(extra), "--trainer.max_steps", "10")
+    result = run_script("train.py", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for folder in (tmp_path / "run" / "csv", tmp_path / "elsewhere" / "extra"):
+        rows = (folder / "version_0" / "metrics.csv").read_text().splitlines()
+        assert "train_loss" in rows[0] and len(rows) > 1, folder
