@@ -58,6 +58,11 @@ class MiniGPTCLI(LightningCLI):
         trainer.precision = resolve_precision(trainer.get("precision"))
         trainer.default_root_dir = trainer.get("default_root_dir") or DEFAULT_RUN_DIR
         place_in_run_folder(trainer, Path(trainer.default_root_dir))
+        if trainer.get("enable_progress_bar") is False:
+            # Lightning's own switch keeps working: it refuses a progress bar among the callbacks.
+            trainer.callbacks = [
+                c for c in _entries(trainer.get("callbacks")) if "ProgressBar" not in c.class_path
+            ]
 
 
 def _entries(value: Any) -> list[Namespace]:

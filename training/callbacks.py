@@ -1,52 +1,23 @@
-"""Callbacks and plugins of a training run, beside Lightning's own.
+"""Callbacks and the plugin that keep a run safe: atomic checkpoints, stopping on a signal with
+a checkpoint saved, and stopping before non-finite values reach the weights or a checkpoint.
 
-All of them are declared in the YAML (`trainer.callbacks`, `trainer.plugins`), so a run's
-behaviour can be read there and in `--print_config`, and changed without editing code.
+These and the others (`throughput.py`, `console.py`, `dashboard.py`) are declared in the YAML
+(`trainer.callbacks`, `trainer.plugins`), so a run's behaviour can be read there and in
+`--print_config`, and changed without editing code.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from minigpt.common import atomic_write
-from minigpt.model import generate
-
-from .config import SampleConfig
-
-
-class TokensPerSecond(L.Callback):
-    """Training throughput, in tokens per second over all ranks, shown in the progress bar.
-
-    Measured from the end of one optimizer step to the end of the next, so it includes data
-    loading, forward, backward and the optimizer.
-    """
-
-    def __init__(self) -> None:
-        self._last: float | None = None
-        self._tokens = 0
-
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self._tokens += batch[0].numel() * trainer.world_size
-        if (batch_idx + 1) % trainer.accumulate_grad_batches:
-            return  # mid-accumulation: the step is not done yet
-        now = time.perf_counter()
-        if self._last is not None:
-            pl_module.log("tokens_per_sec", self._tokens / (now - self._last), prog_bar=True)
-        self._last, self._tokens = now, 0
-
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._last, self._tokens = None, 0  # validation time is not training time
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -151,42 +122,3 @@ class StopOnNonFinite(L.Callback):
         if bad:
             step = trainer.global_step if step is None else step
             raise DivergenceError(f"the {what} became {value.item()} at step {step}")
-
-
-class SampleText(L.Callback):
-    """Generates a sample after every validation, prints it, and logs the growing table to wandb.
-
-    Runs on rank 0 only, with its own seeded generator, so samples from different steps differ
-    only by what the model learned.
-    """
-
-    def __init__(self, sample: SampleConfig = SampleConfig()) -> None:
-        """
-        Args:
-            sample: The prompt, length and sampling settings.
-        """
-        self.sample = sample
-        self.rows: list[list[Any]] = []
-        """(step, text) of every sample so far."""
-
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or not self.sample.max_new_tokens or not trainer.is_global_zero:
-            return
-        cfg, model = self.sample, pl_module.model
-        tokenizer = trainer.datamodule.tokenizer
-        prompt_ids = tokenizer.encode(cfg.prompt) or [tokenizer.eot_id or 0]
-        prompt = torch.tensor([prompt_ids[-model.config.context_length :]], device=pl_module.device)
-        out = generate(
-            model,
-            prompt,
-            cfg.max_new_tokens,
-            **cfg.sampling(),
-            stop_token=tokenizer.eot_id,
-            generator=torch.Generator(device=pl_module.device).manual_seed(cfg.seed),
-        )
-        text = cfg.prompt + tokenizer.decode(out[0, prompt.shape[1] :].tolist())
-        pl_module.print(f"\n--- sample at step {trainer.global_step} ---\n{text}\n---")
-        self.rows.append([trainer.global_step, text])
-        for logger in trainer.loggers:
-            if isinstance(logger, WandbLogger):
-                logger.log_text(key="samples", columns=["step", "text"], data=self.rows)

@@ -103,6 +103,9 @@ class WandbLogger(LightningWandbLogger):
         self.mode = wandb_mode(mode)
         self._wandb_dir: Path | None = None if self.mode == "disabled" else Path(save_dir or ".") / "wandb"
         super().__init__(name=name, save_dir=str(save_dir or "."), project=project, mode=self.mode, **kwargs)
+        if self._wandb_init.get("anonymous") is None:
+            # Lightning passes anonymous=None along, which wandb answers with a deprecation warning.
+            del self._wandb_init["anonymous"]
 
     @property
     def experiment(self) -> Any:

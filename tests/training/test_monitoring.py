@@ -1,0 +1,101 @@
+"""What a run reports about itself: FLOPs, throughput, tokens seen, MFU, the console, the samples."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import lightning as L
+import pytest
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from torch import nn
+
+from minigpt.data import DataConfig, TextDataModule
+from minigpt.model import GPT, GPTConfig
+from minigpt.training.config import SampleConfig
+from minigpt.training.console import RunSummary, StepProgressBar
+from minigpt.training.dashboard import SampleText
+from minigpt.training.flops import training_flops_per_token
+from minigpt.training.lit import LitGPT
+from minigpt.training.throughput import TokensPerSecond
+
+SHAPE = GPTConfig(context_length=16, n_layer=2, n_head=2, n_embd=32)
+
+
+def test_flops_per_token_counts_every_matmul_weight_and_the_attention_products() -> None:
+    config = replace(SHAPE, vocab_size=50)
+    model = GPT(config)
+    # Independent count: every Linear weight (the tied head counts: it is a matmul of its own).
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    assert linear == 12 * 2 * 32**2 + 50 * 32
+    attention = 2 * 2 * 16 * 32 * 2 * 3  # QKᵀ and AV, 2 FLOPs per MAC, per layer, forward + backward
+    assert training_flops_per_token(config) == 6 * linear + attention
+
+
+def fit(tmp_path: Path, corpus: Path, callbacks: list[L.Callback], steps: int = 6) -> L.Trainer:
+    data = TextDataModule(
+        DataConfig(source=str(corpus), tokenizer="char", cache_dir=str(tmp_path / "cache"), batch_size=4),
+        context_length=SHAPE.context_length,
+    )
+    trainer = L.Trainer(
+        max_steps=steps,
+        val_check_interval=3,
+        limit_val_batches=2,
+        accelerator="cpu",
+        logger=CSVLogger(tmp_path, name="csv"),
+        callbacks=[*callbacks, ModelCheckpoint(dirpath=tmp_path / "checkpoints", monitor="val_loss")],
+        log_every_n_steps=1,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(LitGPT(SHAPE), datamodule=data)
+    return trainer
+
+
+def metrics(tmp_path: Path) -> list[dict[str, str]]:
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_tokens_seen_and_mfu_are_logged_per_step(corpus: Path, tmp_path: Path) -> None:
+    fit(tmp_path, corpus, [TokensPerSecond(peak_flops=1e12)])
+    rows = [r for r in metrics(tmp_path) if r.get("tokens_seen")]
+    # 4 windows of 16 tokens per step, one process, no accumulation.
+    assert [float(r["tokens_seen"]) for r in rows] == [64.0 * step for step in range(1, 7)]
+    mfu = [float(r["mfu"]) for r in metrics(tmp_path) if r.get("mfu")]
+    assert mfu and all(0 < value < 1 for value in mfu)
+
+
+def test_mfu_is_omitted_where_no_peak_is_known(corpus: Path, tmp_path: Path) -> None:
+    fit(tmp_path, corpus, [TokensPerSecond()])
+    assert "mfu" not in metrics(tmp_path)[0]
+
+
+def test_the_progress_bar_counts_the_runs_steps(corpus: Path, tmp_path: Path) -> None:
+    bar = StepProgressBar()
+    fit(tmp_path, corpus, [bar], steps=7)
+    assert bar.train_progress_bar.total == 7 and bar.train_progress_bar.n == 7
+
+
+def test_the_run_summary_says_what_will_happen_and_what_did(
+    corpus: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="minigpt"):
+        trainer = fit(tmp_path, corpus, [RunSummary()])
+    text = caplog.text
+    assert "model: 2 layers x 2 heads x 32 wide, context 16" in text
+    assert "6 in all, 64 tokens each (batch 4 x 16 x 1 accumulated x 1 processes) = 384 tokens" in text
+    best = float(trainer.checkpoint_callback.best_model_score)
+    assert "done: 6 steps, 384 tokens in" in text and f"best val loss {best:.3f}" in text
+
+
+def test_samples_go_to_the_run_folder(corpus: Path, tmp_path: Path) -> None:
+    fit(tmp_path, corpus, [SampleText(SampleConfig(prompt="the", max_new_tokens=5))])
+    lines = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [3, 6]
+    assert all(line["text"].startswith("the") and len(line["text"]) == 3 + 5 for line in lines)

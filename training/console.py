@@ -1,0 +1,118 @@
+"""What a run prints: a summary before the first step, a progress bar over the run's steps, and a
+closing line after the last."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+
+from .flops import training_flops_per_token
+from .throughput import tokens_per_step
+
+log = logging.getLogger("minigpt")
+
+
+class StepProgressBar(TQDMProgressBar):
+    """Lightning's progress bar, counting the run's optimizer steps rather than one epoch's batches,
+    so its total and ETA are the whole run's."""
+
+    @property
+    def train_description(self) -> str:
+        return "steps"
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        bar = self.train_progress_bar
+        bar.total = trainer.estimated_stepping_batches
+        bar.initial = bar.n = trainer.global_step  # a resumed run starts where it stopped
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
+        pass  # one bar for the whole run: epochs are an artefact of the sampler here
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        metrics.pop("v_num", None)  # the logger's version id: noise next to the losses
+        return metrics
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        bar, step = self.train_progress_bar, trainer.global_step
+        if bar is not None and not bar.disable and self._should_update(step, bar.total):
+            bar.n = step
+            bar.set_postfix(self.get_metrics(trainer, pl_module))  # also refreshes the bar
+
+
+def _tokens(n: float) -> str:
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if hours else f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
+class RunSummary(L.Callback):
+    """Prints what the run is about to do before its first step, and what it did after its last.
+
+    Before: the model (shape, parameters), the data (tokens per split), the steps (tokens per
+    step and in all, passes over the training tokens), the compute (FLOPs per token) and where
+    the files go. After: steps, tokens and wall time, the best validation loss and where the best
+    checkpoint and the report are.
+    """
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+        self._tokens_per_step = 0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._start = time.perf_counter()
+        data = trainer.datamodule
+        config = pl_module.model.config
+        self._tokens_per_step = tokens_per_step(trainer, data.config.batch_size * data.context_length)
+        if not trainer.is_global_zero:
+            return
+        steps = trainer.estimated_stepping_batches
+        total = steps * self._tokens_per_step
+        train_tokens = data.prepared.num_tokens("train")
+        params = pl_module.model.num_parameters(non_embedding=False)
+        flops = training_flops_per_token(config)
+        lines = [
+            f"model: {config.n_layer} layers x {config.n_head} heads x {config.n_embd} wide, context "
+            f"{config.context_length}, vocab {config.vocab_size:,}: {params / 1e6:.2f}M parameters",
+            f"data: {data.prepared.meta['source']}, {data.config.tokenizer} tokens: {_tokens(train_tokens)} "
+            f"for training, {_tokens(data.prepared.num_tokens('val'))} for validation",
+            f"steps: {trainer.global_step:,} done, {steps:,} in all, {self._tokens_per_step:,} tokens each "
+            f"(batch {data.config.batch_size} x {data.context_length} x {trainer.accumulate_grad_batches} "
+            f"accumulated x {trainer.world_size} processes) = {_tokens(total)} tokens, "
+            f"{total / max(train_tokens, 1):.1f} passes over the training tokens",
+            f"compute: {flops / 1e6:.1f} MFLOPs per token, {flops * total / 1e15:.2f} PFLOPs in all; "
+            f"{trainer.precision} on {pl_module.device.type}",
+            f"output: {trainer.default_root_dir}",
+        ]
+        log.info("\n".join(lines))
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero or self._start is None:
+            return
+        seconds = time.perf_counter() - self._start
+        tokens = trainer.global_step * self._tokens_per_step
+        parts = [f"done: {trainer.global_step:,} steps, {_tokens(tokens)} tokens in {_duration(seconds)}"]
+        checkpoint = trainer.checkpoint_callback
+        if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_score is not None:
+            parts.append(
+                f"best val loss {float(checkpoint.best_model_score):.3f} in {checkpoint.best_model_path}"
+            )
+        report = Path(trainer.default_root_dir) / "report.html"
+        if report.is_file():
+            parts.append(f"report {report}")
+        log.info("; ".join(parts))
