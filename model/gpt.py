@@ -52,6 +52,13 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(self.ln_1(x), kv_cache=kv_cache))
         return x + self.drop(self.mlp(self.ln_2(x)))
 
+    def forward_with_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` through the explicit attention path: the output (B, T, C) and the attention
+        weights (B, nh, T, T). A separate method, so the training path stays free of branches."""
+        attended, weights = self.attn(self.ln_1(x), return_weights=True)
+        x = x + self.drop(attended)
+        return x + self.drop(self.mlp(self.ln_2(x))), weights
+
 
 class GPT(nn.Module):
     """Token ids (B, T) in, next-token logits (B, T, vocab_size) out.
@@ -104,20 +111,45 @@ class GPT(nn.Module):
         With `kv_caches` (one per block), `idx` continues the cached sequence: its positions
         start after the cached ones.
         """
-        _, t = idx.shape
-        start = kv_caches[0].length if kv_caches else 0
+        x = self._embed(idx, kv_caches[0].length if kv_caches else 0)  # (B, T, C)
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, kv_caches[i] if kv_caches else None)
+        return self.transformer.ln_f(x)
+
+    def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
+        """Token + position embeddings (B, T, C) of ids (B, T) at positions start, start + 1, ..."""
+        t = idx.shape[1]
         if start + t > self.config.context_length:
             raise ValueError(
                 f"sequence of {start + t} tokens exceeds context length {self.config.context_length}"
             )
         pos = torch.arange(start, start + t, device=idx.device)  # (T,)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
-        for i, block in enumerate(self.transformer.h):
-            x = block(x, kv_caches[i] if kv_caches else None)
-        return self.transformer.ln_f(x)
+        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
 
     def forward(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
         return self.lm_head(self.features(idx, kv_caches))  # (B, T, V)
+
+    @torch.no_grad()
+    def attention_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """The attention weights of every layer for ids `idx` (B, T), as the model computes them.
+
+        Returns one (B, n_head, T, T) tensor per layer, in layer order, from the explicit path
+        whatever the `attention` setting: entry [b, h, i, j] is how much position i attends to
+        position j, in the activations' dtype; each row sums to 1 and everything above the
+        diagonal is 0. The model runs in eval mode (no dropout on the weights) and without
+        gradients; its mode is restored after, so a callback may call this in mid-training.
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            x = self._embed(idx, 0)
+            weights = []
+            for block in self.transformer.h:
+                x, layer_weights = block.forward_with_weights(x)
+                weights.append(layer_weights)
+            return weights
+        finally:
+            self.train(was_training)
 
     def new_kv_caches(self, batch_size: int) -> list[KVCache]:
         """Empty caches, one per block, on the model's device and dtype."""
