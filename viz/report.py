@@ -96,7 +96,8 @@ def final_figures(log: RunLog) -> list[tuple[str, str]]:
         rows.append(("wall time (from the log files' times)", _duration(wall)))
     if log.resumed_at:
         steps = ", ".join(f"{s:,}" for s in log.resumed_at)
-        rows.append(("resumed", f"at step {steps}" if len(log.resumed_at) == 1 else f"at steps {steps}"))
+        # The CSV knows only the first step logged after each resume, not the checkpoint's step.
+        rows.append(("resumed", f"before step{'s' if len(log.resumed_at) > 1 else ''} {steps}"))
     return rows
 
 
