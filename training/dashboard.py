@@ -1,5 +1,5 @@
-"""What a run shows besides numbers: text samples as the model learns, written to the console, the
-run folder (`samples.jsonl`, for the report) and the wandb dashboard."""
+"""What a run shows besides numbers: text samples and attention maps as the model learns, and at
+the end the loss curves and the HTML run report; in the run folder and on the wandb dashboard."""
 
 from __future__ import annotations
 
@@ -11,9 +11,15 @@ import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
 
+from minigpt.common import atomic_write
 from minigpt.model import generate
+from minigpt.viz.attention import attention_figures, figure_to_png
+from minigpt.viz.report import write_run_report
 
 from .config import SampleConfig
+
+ATTENTION_DIR = "attention"
+"""In the run folder: the latest attention maps, one PNG per layer."""
 
 SAMPLES_FILE = "samples.jsonl"
 """In the run folder: one {"step": ..., "text": ...} object per line, one line per sample."""
@@ -61,3 +67,54 @@ class SampleText(L.Callback):
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.log_text(key="samples", columns=["step", "text"], data=self.rows)
+
+
+class AttentionMaps(L.Callback):
+    """Draws the attention of every layer for a fixed prompt after each validation.
+
+    The latest maps are kept as `<run>/attention/layer{i}.png` (the run report shows them) and
+    logged to wandb as images, so the dashboard shows how the heads change as the model learns.
+    Runs on rank 0 only.
+    """
+
+    def __init__(self, prompt: str = "ROMEO:\nWhat light through yonder window breaks?") -> None:
+        """
+        Args:
+            prompt: The text whose attention is drawn; keep it short (tens of tokens) to stay readable.
+        """
+        self.prompt = prompt
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        figures = attention_figures(pl_module.model, trainer.datamodule.tokenizer, self.prompt)
+        folder = Path(trainer.default_root_dir) / ATTENTION_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for name, figure in figures.items():
+            path = folder / f"{name}.png"
+            with atomic_write(path) as tmp:
+                tmp.write_bytes(figure_to_png(figure))
+            paths.append(path)
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                captions = [f"{p.stem} at step {trainer.global_step}" for p in paths]
+                logger.log_image(key="attention", images=[str(p) for p in paths], caption=captions)
+
+
+class RunReport(L.Callback):
+    """At the end of training: `<run>/loss_curves.png` and the self-contained `<run>/report.html`
+    (curves, samples, attention maps, config, final figures), and the curves on wandb.
+
+    The same files come from `python report.py --run <run folder>` at any time.
+    """
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.is_global_zero:
+            return
+        for logger in trainer.loggers:
+            logger.save()  # the CSV logger buffers rows; the report reads them from disk
+        curves, _ = write_run_report(Path(trainer.default_root_dir))
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                logger.log_image(key="loss_curves", images=[str(curves)])

@@ -26,8 +26,19 @@ def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) ->
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, "expected one offline wandb run folder under the run's output directory"
     record = next(runs[0].glob("run-*.wandb")).read_bytes()
-    for key in (b"n_layer", b"train_loss", b"val_loss", b"tokens_per_sec", b"lr-AdamW"):
+    for key in (
+        b"n_layer",
+        b"train_loss",
+        b"val_loss",
+        b"tokens_per_sec",
+        b"lr-AdamW",
+        b"tokens_seen",
+        b"grad_norm",
+    ):
         assert key in record, key  # config and metrics went to the dashboard
+    images = {p.name.split("_")[0] for p in runs[0].glob("files/media/images/*.png")}
+    assert images == {"attention", "loss"}, images  # attention maps each validation, curves at the end
+    assert (tmp_path / "run" / "report.html").is_file()
     tables = [json.loads(p.read_text()) for p in runs[0].glob("files/media/table/samples_*.table.json")]
     assert len(tables) == 2, "one samples table per validation"
     table = max(tables, key=lambda t: len(t["data"]))
