@@ -44,7 +44,7 @@ log = logging.getLogger("suite")
 
 SECTIONS: dict[str, Callable[[State], None] | None] = {
     "data": data.run,
-    "matmul": None,  # probed throughout the run and reported first, once every probe is in (main)
+    "matmul": None,  # probed throughout the run and reported first, once every probe is in (run_sections)
     "train": train.run,
     "alloc": alloc.run,
     "bound": bound.run,
