@@ -47,11 +47,11 @@ def main() -> int:
             "--trainer.max_steps", str(opts.steps),
             "--trainer.val_check_interval", str(opts.val_every),
             "--trainer.enable_progress_bar", "false",
-            "--wandb.mode", "offline",
         ]  # fmt: skip
         if opts.source:
             cmd += ["--data.config.source", opts.source]
-        env = {**os.environ, "WANDB_SILENT": "true"}
+        # The config's wandb logger defers to WANDB_MODE: offline, so the run writes what a user's does.
+        env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
         log_path = Path(work) / "train.log"
         start = time.monotonic()
         with open(log_path, "w") as log:

@@ -39,6 +39,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import platform
 import shlex
 import subprocess
@@ -132,12 +133,11 @@ def run_ours(
         max_time(args.budget),
         "--trainer.default_root_dir",
         str(run_dir),
-        "--wandb.mode",
-        "disabled",
     ]
-    log(f"[ours] {shlex.join(command)}")
+    env = {**os.environ, "WANDB_MODE": "disabled"}  # the config's wandb logger defers to it
+    log(f"[ours] WANDB_MODE=disabled {shlex.join(command)}")
     with open(work / "ours.log", "w") as out:
-        result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=work)
+        result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=work, env=env)
     if result.returncode != 0:
         raise SystemExit(f"train.py failed (exit {result.returncode}); see {work / 'ours.log'}")
     with open(run_dir / "csv" / "version_0" / "metrics.csv", newline="") as f:
