@@ -25,8 +25,10 @@ class VisualizeOptions:
     """A run folder (its best checkpoint), a .ckpt file or exported .safetensors weights."""
     prompt: str | None = None
     """The text whose attention to draw; a prompt longer than the context keeps its end."""
-    out: str = "attention"
-    """Folder for the PNGs, made if missing: layer{i}.png, layer{i}_head{h}.png, seed_example.png."""
+    out: str | None = None
+    """Folder for the PNGs, made if missing: layer{i}.png, layer{i}_head{h}.png, seed_example.png.
+    Default: attention/ in the run folder when --checkpoint is one (where report.py looks for
+    them), else attention/ in the working directory."""
     layers: str = "all"
     """Which layers to draw: all, or indices separated by commas, such as 0,2 (-1 is the last)."""
     per_head: bool = False
@@ -82,7 +84,7 @@ def visualize_main(args: Sequence[str] | None = None) -> int:
     try:
         (opts,) = parse_options(parser, args, VisualizeOptions)
         figures = {"seed_example": seed_example_figure()} if opts.seed_example else model_figures(opts)
-        out = Path(opts.out)
+        out = Path(opts.out) if opts.out is not None else default_out(opts.checkpoint)
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out must be a folder; {out} is a file")
         paths = {name: out / f"{name}.png" for name in figures}
@@ -102,6 +104,13 @@ def visualize_main(args: Sequence[str] | None = None) -> int:
     except OSError as err:
         return report(err)
     return 0
+
+
+def default_out(checkpoint: str | None) -> Path:
+    """Where the PNGs go without --out: beside the run's other files when there is a run folder."""
+    if checkpoint is not None and Path(checkpoint).is_dir():
+        return Path(checkpoint) / "attention"
+    return Path("attention")
 
 
 def model_figures(opts: VisualizeOptions) -> dict[str, Figure]:

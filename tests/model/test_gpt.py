@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from minigpt.model import GPT, ConfigError, GPTConfig
+from minigpt.model import GPT, Block, ConfigError, GPTConfig
 
 
 def tiny(**overrides) -> GPTConfig:
@@ -104,3 +104,72 @@ def test_mlp_uses_the_configured_gelu(approximate: str) -> None:
     torch.testing.assert_close(mlp.gelu(x), expected, rtol=0, atol=0)
     other = "tanh" if approximate == "none" else "none"
     assert not torch.equal(mlp.gelu(x), torch.nn.functional.gelu(x, approximate=other))
+
+
+def manual_weights(block: Block, x: torch.Tensor) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(hs) + mask) of one block on its input x (B, T, C), written out: (B, nh, T, T)."""
+    attn = block.attn
+    h = block.ln_1(x)
+    b, t, _ = h.shape
+
+    def heads(y: torch.Tensor) -> torch.Tensor:
+        return y.view(b, t, attn.num_heads, attn.head_dim).transpose(1, 2)
+
+    q, k = heads(h @ attn.W_query.weight.T), heads(h @ attn.W_key.weight.T)
+    future = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(attn.head_dim) + torch.where(future, -math.inf, 0.0)
+    return torch.softmax(scores, dim=-1)
+
+
+def test_attention_weights_are_causal_rows_of_one_per_layer_and_head() -> None:
+    torch.manual_seed(0)
+    model = GPT(tiny(n_layer=3))
+    weights = model.attention_weights(torch.randint(0, 50, (2, 9)))
+    assert len(weights) == 3
+    for w in weights:
+        assert w.shape == (2, 2, 9, 9)
+        assert_close(w.sum(-1), torch.ones(2, 2, 9))
+        assert torch.all(w.triu(diagonal=1) == 0)
+        assert torch.all(w[..., torch.ones(9, 9, dtype=torch.bool).tril()] > 0)  # the past is seen
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "explicit", "auto"])
+def test_attention_weights_equal_a_manual_computation(attention: str) -> None:
+    torch.manual_seed(0)
+    model = GPT(tiny(attention=attention)).eval()
+    ids = torch.randint(0, 50, (2, 11))
+    weights = model.attention_weights(ids)
+    with torch.no_grad():
+        x = model.transformer.wte(ids) + model.transformer.wpe(torch.arange(11))
+        assert_close(weights[0], manual_weights(model.transformer.h[0], x))
+        # The second layer sees the first block's output: the blocks are chained as in forward.
+        assert_close(weights[1], manual_weights(model.transformer.h[1], model.transformer.h[0](x)))
+
+
+def test_attention_weights_run_without_dropout_or_gradients_and_keep_the_mode() -> None:
+    torch.manual_seed(0)
+    model = GPT(tiny(dropout=0.5)).train()
+    ids = torch.randint(0, 50, (1, 8))
+    first, second = model.attention_weights(ids), model.attention_weights(ids)
+    assert model.training
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)  # dropout would draw new weights each call
+        assert not a.requires_grad
+        assert_close(a.sum(-1), torch.ones(1, 2, 8))
+    model.eval()
+    model.attention_weights(ids)
+    assert not model.training
+
+
+def test_block_with_weights_gives_the_same_output_as_forward() -> None:
+    torch.manual_seed(0)
+    block = GPT(tiny()).transformer.h[0]
+    x = torch.randn(2, 7, 32)
+    out, weights = block.forward_with_weights(x)
+    assert_close(out, block(x))
+    assert weights.shape == (2, 2, 7, 7)
+
+
+def test_attention_weights_reject_too_long_input() -> None:
+    with pytest.raises(ValueError, match="exceeds context length 16"):
+        GPT(tiny()).attention_weights(torch.zeros(1, 17, dtype=torch.long))
