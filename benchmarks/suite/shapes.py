@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from minigpt.model import GPTConfig
+from minigpt.training.flops import matmul_weights, training_flops_per_token
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -100,19 +101,11 @@ class Shape:
 
     def matmul_params(self) -> int:
         """Weights that multiply activations: q, k, v, out, fc, proj per block, plus the LM head."""
-        return 12 * self.n_layer * self.n_embd**2 + self.vocab * self.n_embd
+        return matmul_weights(self.gpt_config())
 
     def flops_per_token(self) -> int:
-        """Training FLOPs per token: 6 per matmul weight plus attention's QK^T and AV.
-
-        Forward costs 2 FLOPs per weight per token; backward costs twice the forward. Attention
-        scores and their weighted sum cost 2 * 2 * T * n_embd per layer per token forward, so
-        12 * n_layer * n_embd * T for a training step (PaLM appendix B; nanoGPT estimate_mfu,
-        which uses all parameters instead of the matmul ones). The causal mask's skipped half
-        is counted, as is customary. Embedding lookups, LayerNorm, GELU, softmax and the
-        optimizer are not counted.
-        """
-        return 6 * self.matmul_params() + 12 * self.n_layer * self.n_embd * self.context
+        """Training FLOPs per token, counted as the training run counts them for its MFU."""
+        return training_flops_per_token(self.gpt_config())
 
 
 def load_shape(name: str) -> Shape:
