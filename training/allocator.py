@@ -3,7 +3,7 @@
 glibc serves large allocations (above a threshold of at most 32 MiB) with fresh mmap'ed pages and
 returns them on free. A training step allocates and frees hundreds of MB of activations, logits
 and gradients, so every step page-faults all of that memory in again and the kernel zeroes it:
-on a 2-core CPU that was over half of a small model's step (benchmarks/RESULTS.md, "Levers").
+on a small CPU that is a large share of a step (measured in benchmarks/RESULTS.md, "Levers").
 Raising the thresholds makes those buffers come from the heap, which keeps its pages.
 
 `apply_mallopt` applies any set of glibc malloc parameters, so the benchmarks can compare other
