@@ -11,6 +11,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
+from minigpt.common import duration
+
 from .flops import training_flops_per_token
 from .throughput import tokens_per_step
 
@@ -53,12 +55,6 @@ def _tokens(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return f"{n:.0f}"
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min" if hours else f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
 class RunSummary(L.Callback):
@@ -106,7 +102,7 @@ class RunSummary(L.Callback):
             return
         seconds = time.perf_counter() - self._start
         tokens = trainer.global_step * self._tokens_per_step
-        parts = [f"done: {trainer.global_step:,} steps, {_tokens(tokens)} tokens in {_duration(seconds)}"]
+        parts = [f"done: {trainer.global_step:,} steps, {_tokens(tokens)} tokens in {duration(seconds)}"]
         checkpoint = trainer.checkpoint_callback
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_score is not None:
             parts.append(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minigpt.common import atomic_write
+from minigpt.common import atomic_write, duration
 
 from .curves import RunLog, read_run, write_curves
 
@@ -93,7 +93,7 @@ def final_figures(log: RunLog) -> list[tuple[str, str]]:
         rows.append(("tokens per second (median)", f"{float(np.median(rate.values)):,.0f}"))
     wall = _wall_seconds(log)
     if wall is not None:
-        rows.append(("wall time (from the log files' times)", _duration(wall)))
+        rows.append(("wall time (from the log files' times)", duration(wall)))
     if log.resumed_at:
         steps = ", ".join(f"{s:,}" for s in log.resumed_at)
         # The CSV knows only the first step logged after each resume, not the checkpoint's step.
@@ -113,12 +113,6 @@ def _wall_seconds(log: RunLog) -> float | None:
             return None
         total += (version / "metrics.csv").stat().st_mtime - min(starts)
     return total if total >= 1.0 else None
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min {secs} s" if hours else f"{minutes} min {secs} s"
 
 
 def _img(png: bytes, alt: str) -> str:

@@ -43,3 +43,9 @@ def test_one_line_folds_messages_and_can_name_the_root_cause() -> None:
             raise RuntimeError("An error occurred while generating the dataset") from inner
     except RuntimeError as outer:
         assert one_line(outer, root_cause=True) == "corpus.parquet is missing"
+
+
+def test_duration_reads_as_a_person_would_say_it() -> None:
+    from minigpt.common import duration
+
+    assert [duration(s) for s in (9.6, 515, 7500)] == ["10 s", "8 min 35 s", "2 h 5 min"]
