@@ -7,14 +7,6 @@ from dataclasses import dataclass
 from .attention import ATTENTION_PATHS
 
 GELU_APPROXIMATIONS = ("none", "tanh")
-LEGACY_SETTINGS = {"gelu_approximate": "tanh"}
-"""Settings that model descriptions written before they existed lack, with the values those
-models were built with."""
-
-
-def with_legacy_settings(description: dict) -> dict:
-    """A saved model description (`asdict(GPTConfig)`) with the settings it predates filled in."""
-    return {**LEGACY_SETTINGS, **description}
 
 
 class ConfigError(ValueError):
@@ -43,6 +35,8 @@ class GPTConfig:
     """Bias in LayerNorms, MLP and output projections, as in GPT-2."""
     tie_weights: bool = True
     """Share the token embedding with the output head (GPT-2 does; saves vocab x n_embd parameters)."""
+    layer_norm_eps: float = 1e-5
+    """The LayerNorms' epsilon (GPT-2's `layer_norm_epsilon`: 1e-5)."""
     gelu_approximate: str = "none"
     """The MLP's GELU: "none" computes it exactly (with erf, as nanoGPT does), "tanh" with GPT-2's
     approximation, for GPT-2's own weights. The two differ by under 1e-3; on CPU the exact one is
@@ -70,6 +64,8 @@ class GPTConfig:
                 f"model gelu_approximate must be one of {', '.join(GELU_APPROXIMATIONS)}, "
                 f"got {self.gelu_approximate!r}"
             )
+        if not self.layer_norm_eps > 0:
+            raise ConfigError(f"model layer_norm_eps must be positive, got {self.layer_norm_eps}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model dropout must be in [0, 1), got {self.dropout}")
 

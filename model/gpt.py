@@ -33,7 +33,7 @@ class Block(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.attn = MultiHeadAttention(
             d_in=config.n_embd,
             d_out=config.n_embd,
@@ -44,7 +44,7 @@ class Block(nn.Module):
             proj_bias=config.bias,
             attention=config.attention,
         )
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
@@ -77,7 +77,7 @@ class GPT(nn.Module):
                 wpe=nn.Embedding(config.context_length, config.n_embd),
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
