@@ -16,3 +16,108 @@ def from_lightning(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     """The GPT's own entries of a LightningModule state dict, without the `model.` prefix."""
     n = len(LIGHTNING_PREFIX)
     return {key[n:]: value for key, value in state_dict.items() if key.startswith(LIGHTNING_PREFIX)}
+
+
+HF_PREFIX = "transformer."
+"""`GPT2LMHeadModel` holds the network as `self.transformer`; a bare `GPT2Model` has no prefix."""
+
+HF_BUFFERS = (".attn.bias", ".attn.masked_bias")
+"""Causal-mask buffers older versions of transformers saved with the weights; not parameters."""
+
+
+def hf_gpt2_parameters(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A GPT-2 state dict with `GPT2LMHeadModel`'s keys, whether it was saved from that or from a
+    bare `GPT2Model`, and without the mask buffers."""
+    return {
+        key if key.startswith(HF_PREFIX) or key == "lm_head.weight" else HF_PREFIX + key: value
+        for key, value in hf_state.items()
+        if not key.endswith(HF_BUFFERS)
+    }
+
+
+def from_hf_gpt2(
+    hf_state: dict[str, torch.Tensor], n_layer: int, tie_weights: bool
+) -> dict[str, torch.Tensor]:
+    """`GPT`'s state dict from GPT-2's in the Hugging Face layout (with biases, as GPT-2 has).
+
+    GPT-2 stores its linear layers as `Conv1D`, whose weight is the transpose of `nn.Linear`'s,
+    and its query, key and value projections fused in one `c_attn`; here they are transposed and
+    split into `W_query`, `W_key`, `W_value`. A missing entry raises KeyError naming it in GPT-2's
+    layout.
+    """
+    hf = {key.removeprefix(HF_PREFIX): value for key, value in hf_gpt2_parameters(hf_state).items()}
+    out = {
+        "transformer.wte.weight": hf["wte.weight"],
+        "transformer.wpe.weight": hf["wpe.weight"],
+        "transformer.ln_f.weight": hf["ln_f.weight"],
+        "transformer.ln_f.bias": hf["ln_f.bias"],
+        "lm_head.weight": hf["wte.weight"] if tie_weights else hf["lm_head.weight"],
+    }
+    for i in range(n_layer):
+        theirs, ours = f"h.{i}.", f"transformer.h.{i}."
+        for name in (
+            "ln_1.weight",
+            "ln_1.bias",
+            "ln_2.weight",
+            "ln_2.bias",
+            "mlp.c_fc.bias",
+            "mlp.c_proj.bias",
+        ):
+            out[ours + name] = hf[theirs + name]
+        query, key, value = hf[theirs + "attn.c_attn.weight"].t().chunk(3)  # each (C, C)
+        query_bias, key_bias, value_bias = hf[theirs + "attn.c_attn.bias"].chunk(3)
+        out |= {
+            ours + "attn.W_query.weight": query,
+            ours + "attn.W_key.weight": key,
+            ours + "attn.W_value.weight": value,
+            ours + "attn.W_query.bias": query_bias,
+            ours + "attn.W_key.bias": key_bias,
+            ours + "attn.W_value.bias": value_bias,
+            ours + "attn.out_proj.weight": hf[theirs + "attn.c_proj.weight"].t(),
+            ours + "attn.out_proj.bias": hf[theirs + "attn.c_proj.bias"],
+            ours + "mlp.c_fc.weight": hf[theirs + "mlp.c_fc.weight"].t(),
+            ours + "mlp.c_proj.weight": hf[theirs + "mlp.c_proj.weight"].t(),
+        }
+    return {key: value.contiguous() for key, value in out.items()}
+
+
+def to_hf_gpt2(state: dict[str, torch.Tensor], n_layer: int, tie_weights: bool) -> dict[str, torch.Tensor]:
+    """GPT-2's state dict in the Hugging Face layout (`GPT2LMHeadModel`'s keys) from `GPT`'s.
+
+    The inverse of `from_hf_gpt2`. GPT-2 has every bias; a model without some gets zeros there,
+    which computes the same function. The head is written only when it is not tied.
+    """
+
+    def bias(key: str, size: int, like: torch.Tensor) -> torch.Tensor:
+        return state[key] if key in state else torch.zeros(size, dtype=like.dtype, device=like.device)
+
+    wte = state["transformer.wte.weight"]
+    n_embd = wte.shape[1]
+    out = {
+        "wte.weight": wte,
+        "wpe.weight": state["transformer.wpe.weight"],
+        "ln_f.weight": state["transformer.ln_f.weight"],
+        "ln_f.bias": bias("transformer.ln_f.bias", n_embd, wte),
+    }
+    for i in range(n_layer):
+        ours, theirs = f"transformer.h.{i}.", f"h.{i}."
+        qkv = [ours + f"attn.W_{name}." for name in ("query", "key", "value")]
+        fc = state[ours + "mlp.c_fc.weight"]
+        out |= {
+            theirs + "ln_1.weight": state[ours + "ln_1.weight"],
+            theirs + "ln_1.bias": bias(ours + "ln_1.bias", n_embd, wte),
+            theirs + "ln_2.weight": state[ours + "ln_2.weight"],
+            theirs + "ln_2.bias": bias(ours + "ln_2.bias", n_embd, wte),
+            theirs + "attn.c_attn.weight": torch.cat([state[p + "weight"] for p in qkv]).t(),
+            theirs + "attn.c_attn.bias": torch.cat([bias(p + "bias", n_embd, wte) for p in qkv]),
+            theirs + "attn.c_proj.weight": state[ours + "attn.out_proj.weight"].t(),
+            theirs + "attn.c_proj.bias": bias(ours + "attn.out_proj.bias", n_embd, wte),
+            theirs + "mlp.c_fc.weight": fc.t(),
+            theirs + "mlp.c_fc.bias": bias(ours + "mlp.c_fc.bias", fc.shape[0], wte),
+            theirs + "mlp.c_proj.weight": state[ours + "mlp.c_proj.weight"].t(),
+            theirs + "mlp.c_proj.bias": bias(ours + "mlp.c_proj.bias", n_embd, wte),
+        }
+    out = {HF_PREFIX + key: value.contiguous() for key, value in out.items()}
+    if not tie_weights:
+        out["lm_head.weight"] = state["lm_head.weight"].contiguous()
+    return out

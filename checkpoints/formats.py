@@ -21,8 +21,9 @@ from safetensors.torch import load_model as load_safetensors_into
 from torch import nn
 
 from .convert import from_lightning
-from .description import MODEL_KEY
+from .description import MODEL_KEY, read_description
 from .errors import CheckpointError
+from .huggingface import HUB_NAME, fetch_from_hub, hf_weights_loader, is_gpt2_folder, read_hf_description
 
 
 @dataclass(frozen=True)
@@ -104,13 +105,34 @@ class SafetensorsWeights:
         return ModelFile(path, description, lambda model: load_safetensors_into(model, path))
 
 
-FORMATS: tuple[ModelFormat, ...] = (SafetensorsWeights(), LightningCheckpoint())
+class HuggingFaceGPT2:
+    """A GPT-2 model folder in the Hugging Face layout: `config.json` and the weights (see
+    `huggingface.py`), from transformers' `save_pretrained`, the hub, or `export.py`."""
+
+    name = "huggingface"
+
+    def recognizes(self, path: Path) -> bool:
+        return is_gpt2_folder(path)
+
+    def open(self, path: Path) -> ModelFile:
+        description = read_hf_description(path)
+        config, _ = read_description(description, path)
+        return ModelFile(path, description, hf_weights_loader(path, config))
+
+
+FORMATS: tuple[ModelFormat, ...] = (HuggingFaceGPT2(), SafetensorsWeights(), LightningCheckpoint())
 """Every format, tried in order; the first that recognizes a path reads it."""
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A model file, or a run directory (its best, else last, checkpoint)."""
+    """A model file, a GPT-2 folder, a run directory (its best, else last, checkpoint), or a model
+    name on the Hugging Face hub (`gpt2`), fetched into its cache when no such path exists."""
+    name = str(path)
     path = Path(path)
+    if is_gpt2_folder(path):
+        return path
+    if not path.exists() and HUB_NAME.fullmatch(name) and path.suffix not in (".ckpt", ".safetensors"):
+        return fetch_from_hub(name)
     if path.is_dir():
         for candidate in (path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt"):
             if candidate.is_file():

@@ -114,3 +114,8 @@ class GPT2Tokenizer(BaseTokenizer):
 
     def spec(self) -> dict[str, Any]:
         return dict(GPT2_SPEC)
+
+    def token_bytes(self) -> list[bytes]:
+        """The bytes of every ordinary token, indexed by id: the ids below ``<|endoftext|>``'s. An
+        id is also its rank in the merge order, so this is the whole byte-pair vocabulary."""
+        return [self._encoding.decode_single_token_bytes(i) for i in range(self.eot_id)]
