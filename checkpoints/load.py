@@ -15,7 +15,7 @@ from minigpt.model import GPT
 
 from .description import MODEL_KEY, describe, read_description
 from .errors import CheckpointError
-from .formats import open_model_file
+from .formats import ModelFile, open_model_file
 
 
 def load_model(
@@ -36,6 +36,12 @@ def load_model(
     config, spec = read_description(model_file.description, model_file.path)
     tokenizer = tokenizer_from_spec(spec, tokenizer_path)
     model = GPT(config)
+    load_weights(model_file, model)
+    return model.to(device).eval(), tokenizer
+
+
+def load_weights(model_file: ModelFile, model: GPT) -> None:
+    """Put a model file's weights into `model`; a mismatch is one line naming the first key."""
     try:
         model_file.load_weights(model)
     except (RuntimeError, SafetensorError) as err:
@@ -44,7 +50,6 @@ def load_model(
         raise CheckpointError(
             f"checkpoint {model_file.path} does not match its model description: {detail}"
         ) from None
-    return model.to(device).eval(), tokenizer
 
 
 def save_safetensors(model: GPT, tokenizer: Tokenizer, path: str | Path) -> Path:

@@ -7,6 +7,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from lightning.pytorch.loggers import CSVLogger
 
 from minigpt.checkpoints import CheckpointError, check_readable
+from minigpt.checkpoints.pretrained import open_pretrained, pretrained_config
 from minigpt.common import UsageError
 from minigpt.data import TextDataModule
+from minigpt.model import GPTConfig
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.callbacks import DivergenceError, SaveAndStopOnSignal
 from minigpt.training.lit import LitGPT
@@ -26,6 +29,7 @@ from minigpt.training.precision import resolve_precision
 from .common import USER_ERRORS, report, resolve_config_args
 
 DEFAULT_RUN_DIR = "runs/default"
+_UNSET_CONTEXT = 987_654_321
 
 
 class MiniGPTCLI(LightningCLI):
@@ -46,6 +50,32 @@ class MiniGPTCLI(LightningCLI):
         )
         parser.link_arguments("model.gpt.context_length", "data.context_length")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        # A fine-tune takes its shape from the weights; --print_config would print the config
+        # before that, so it is answered here, after.
+        print_config = "--print_config" in args
+        self._args = [arg for arg in args if arg != "--print_config"]
+        super().parse_arguments(parser, self._args)
+        if self.config.model.get("init_from"):
+            use_pretrained_shape(self.config, self.given_gpt_settings())
+        if print_config:
+            print(parser.dump(self.config, skip_none=False), end="")
+            sys.exit(0)
+
+    def given_gpt_settings(self) -> set[str]:
+        """The `model.gpt` settings the config files and command line set (not defaults).
+
+        Parsed again without defaults. The link to data.context_length needs its source, so a
+        placeholder goes first, where any config file or later option overrides it.
+        """
+        unset = str(_UNSET_CONTEXT)
+        args = [f"--model.gpt.context_length={unset}", *self._args]
+        given = self.parser.parse_args(args, defaults=False).get("model.gpt")
+        names = set(given.keys()) if isinstance(given, Namespace) else set()
+        if given is not None and given.get("context_length") == _UNSET_CONTEXT:
+            names.discard("context_length")
+        return names
+
     def before_instantiate_classes(self) -> None:
         config = self.config
         if config.get("keep_freed_memory"):
@@ -63,6 +93,24 @@ class MiniGPTCLI(LightningCLI):
             trainer.callbacks = [
                 c for c in _entries(trainer.get("callbacks")) if "ProgressBar" not in c.class_path
             ]
+
+
+def use_pretrained_shape(config: Namespace, given: set[str]) -> None:
+    """Fill `model.gpt` from the weights `model.init_from` names, keeping what the run may change
+    (dropout, attention, a shorter context); refuse settings and tokenizers the weights exclude."""
+    source = config.model.init_from
+    _, weights, spec = open_pretrained(source)
+    tokenizer = config.data.config.tokenizer
+    if tokenizer != spec["name"]:
+        raise UsageError(
+            f"data.config.tokenizer is {tokenizer!r}, but the weights of {source} read {spec['name']!r} "
+            f"token ids; set --data.config.tokenizer {spec['name']}"
+        )
+    ours = GPTConfig(**config.model.gpt.as_dict())
+    merged = pretrained_config(weights, ours, given, source)
+    for name, value in asdict(merged).items():
+        config.model.gpt[name] = value
+    config.data.context_length = merged.context_length
 
 
 def _entries(value: Any) -> list[Namespace]:
@@ -140,6 +188,8 @@ def train_main(args: Sequence[str] | None = None) -> int:
             )
         out_dir = Path(cli.trainer.default_root_dir)
         check_output_dir(out_dir, cli.config.ckpt_path)
+        if cli.config.ckpt_path is not None:
+            cli.model.init_from = None  # a resumed run takes its weights from the checkpoint
         cli.trainer.fit(
             cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path, weights_only=True
         )

@@ -84,7 +84,12 @@ class RunSummary(L.Callback):
         flops = training_flops_per_token(config)
         lines = [
             f"model: {config.n_layer} layers x {config.n_head} heads x {config.n_embd} wide, context "
-            f"{config.context_length}, vocab {config.vocab_size:,}: {params / 1e6:.2f}M parameters",
+            f"{config.context_length}, vocab {config.vocab_size:,}: {params / 1e6:.2f}M parameters"
+            + (
+                f", starting from the weights of {pl_module.init_from}"
+                if getattr(pl_module, "init_from", None)
+                else ""
+            ),
             f"data: {data.prepared.meta['source']}, {data.config.tokenizer} tokens: {_tokens(train_tokens)} "
             f"for training, {_tokens(data.prepared.num_tokens('val'))} for validation",
             f"steps: {trainer.global_step:,} done, {steps:,} in all, {self._tokens_per_step:,} tokens each "

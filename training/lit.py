@@ -17,6 +17,7 @@ import torch
 
 from minigpt.checkpoints import MODEL_KEY, describe
 from minigpt.checkpoints.description import with_legacy_settings
+from minigpt.checkpoints.pretrained import load_pretrained, open_pretrained
 from minigpt.model import GPT, ConfigError, GPTConfig
 
 from .config import OptimConfig
@@ -33,6 +34,7 @@ class LitGPT(L.LightningModule):
         optim: OptimConfig = OptimConfig(),
         fused_loss: bool = False,
         compile: bool = False,
+        init_from: str | None = None,
     ) -> None:
         """
         Args:
@@ -44,6 +46,10 @@ class LitGPT(L.LightningModule):
             compile: Run the network's blocks through `torch.compile` (the loss and sampling stay
                 eager). The first training step and the first validation each pay a compile;
                 benchmarks/RESULTS.md says what it gains at our shapes.
+            init_from: Start from these weights instead of random ones (fine-tuning): a GPT-2
+                folder in the Hugging Face layout, a hub name such as `gpt2` (fetched when a
+                network exists), a run folder or a checkpoint or safetensors file of ours. The
+                weights fix the model's shape (train.py fills `gpt` from them) and the tokenizer.
         """
         super().__init__()
         # Plain dicts, so checkpoints load with torch.load(weights_only=True).
@@ -53,8 +59,10 @@ class LitGPT(L.LightningModule):
                 "optim": asdict(optim),
                 "fused_loss": fused_loss,
                 "compile": compile,
+                "init_from": init_from,
             }
         )
+        self.init_from = init_from
         self.fused_loss = fused_loss
         self._compile = compile
         self._features: Any = None
@@ -81,6 +89,15 @@ class LitGPT(L.LightningModule):
         self.gpt_config = replace(self.gpt_config, vocab_size=vocab_size)
         self.tokenizer_spec = tokenizer.spec()
         self.model = GPT(self.gpt_config)
+        if self.init_from is not None:
+            _, _, spec = open_pretrained(self.init_from)
+            if spec != self.tokenizer_spec:
+                raise ConfigError(
+                    f"the weights of {self.init_from} read {spec['name']} token ids, but this run's data is "
+                    f"tokenized with {self.tokenizer_spec['name']}"
+                    + (" (a vocabulary built from other text)" if spec["name"] == tokenizer.name else "")
+                )
+            load_pretrained(self.model, self.init_from)
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.optim_config)
@@ -155,12 +172,12 @@ class LitGPT(L.LightningModule):
             raise ConfigError(
                 f"checkpoint model shape {_shape(theirs)} differs from the config's {_shape(ours)}"
             )
-        gelu = theirs["gelu_approximate"]
-        if gelu != ours["gelu_approximate"]:
-            raise ConfigError(
-                f"checkpoint was trained with gelu_approximate {gelu!r}; set --model.gpt.gelu_approximate "
-                f"{gelu} to resume it"
-            )
+        for name in FUNCTION_KEYS:
+            if theirs.get(name) != ours[name]:
+                raise ConfigError(
+                    f"checkpoint was trained with {name} {theirs.get(name)!r}; set --model.gpt.{name} "
+                    f"{theirs.get(name)} to resume it"
+                )
 
 
 SHAPE_KEYS = (
@@ -174,6 +191,9 @@ SHAPE_KEYS = (
     "tie_weights",
 )
 """GPTConfig fields that change the parameters; the others (dropout) may differ on resume."""
+
+FUNCTION_KEYS = ("gelu_approximate", "layer_norm_eps")
+"""GPTConfig fields that change what the parameters compute, so a resume must keep them."""
 
 
 def _shape(gpt: dict[str, Any]) -> str:

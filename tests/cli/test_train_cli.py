@@ -38,7 +38,11 @@ def test_there_are_configs() -> None:
     assert {p.name for p in CONFIGS} >= {"tiny.yaml", "small.yaml", "char.yaml", "gpt2-124m.yaml"}
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [p for p in CONFIGS if p.name != "finetune.yaml"],  # its shape comes from weights: test_finetune.py
+    ids=lambda p: p.name,
+)
 def test_every_config_parses_into_typed_objects(path: Path) -> None:
     raw = yaml.safe_load(path.read_text())
     cli = parse(

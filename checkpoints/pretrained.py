@@ -1,0 +1,84 @@
+"""Starting a training run from trained weights (`init_from`): GPT-2's, or one of our models.
+
+The weights decide the model's shape; a run may change only what leaves the parameters as they
+are (dropout, the attention path) and may shorten the context, keeping the first rows of the
+position table, as nanoGPT's `crop_block_size` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from minigpt.model import GPT, ConfigError, GPTConfig
+
+from .description import read_description
+from .formats import ModelFile, open_model_file
+from .load import load_weights
+
+SHAPE_SETTINGS = (
+    "vocab_size",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "qkv_bias",
+    "bias",
+    "tie_weights",
+    "gelu_approximate",
+    "layer_norm_eps",
+)
+"""Settings the weights fix: their parameters' shapes, and the functions they were trained with."""
+
+
+def open_pretrained(source: str | Path) -> tuple[ModelFile, GPTConfig, dict[str, Any]]:
+    """The model file `source` names (a GPT-2 folder, a hub name, a run folder, a checkpoint or
+    safetensors file), the config its weights were trained with, and its tokenizer spec."""
+    model_file = open_model_file(source)
+    config, spec = read_description(model_file.description, model_file.path)
+    return model_file, config, spec
+
+
+def pretrained_config(weights: GPTConfig, ours: GPTConfig, given: set[str], source: str) -> GPTConfig:
+    """The config to train the weights with: their shape, with our dropout and attention path,
+    and our context length when `given` (the settings the user set) holds it.
+
+    Raises:
+        ConfigError: A shape setting the user gave disagrees with the weights, or the context is
+            longer than their position table.
+    """
+    for name in SHAPE_SETTINGS:
+        if (
+            name in given
+            and getattr(ours, name) is not None
+            and getattr(ours, name) != getattr(weights, name)
+        ):
+            raise ConfigError(
+                f"model.gpt.{name} is {getattr(ours, name)!r} but the weights of {source} have "
+                f"{getattr(weights, name)!r}; leave it out to take theirs"
+            )
+    context_length = ours.context_length if "context_length" in given else weights.context_length
+    if context_length > weights.context_length:
+        raise ConfigError(
+            f"model.gpt.context_length {context_length} is longer than the {weights.context_length} "
+            f"positions the weights of {source} were trained with"
+        )
+    return replace(weights, context_length=context_length, dropout=ours.dropout, attention=ours.attention)
+
+
+def load_pretrained(model: GPT, source: str | Path) -> None:
+    """Copy the weights `source` names into `model` (built with `pretrained_config`), cropping the
+    position table to the model's context.
+
+    Raises:
+        CheckpointError: The file is unusable or its weights do not fit the model.
+    """
+    model_file, config, _ = open_pretrained(source)
+    if config.context_length == model.config.context_length:
+        load_weights(model_file, model)
+        return
+    full = GPT(replace(config, attention=model.config.attention))
+    load_weights(model_file, full)
+    state = full.state_dict()
+    state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: model.config.context_length]
+    model.load_state_dict(state)
