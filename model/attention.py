@@ -9,9 +9,18 @@ Which path runs is the `attention` setting. "auto" takes SDPA on GPUs, where its
 save time and memory, and the textbook computation on CPU, where PyTorch's flash kernel makes a
 bf16 training step slower (measured in benchmarks/RESULTS.md). Decoding one token at a time on
 CPU takes SDPA: one call instead of five small ones.
+
+The causal mask is one tensor per context length and device, shared by every layer (`causal_mask`):
+a 12-layer model at context 8,192 holds one 64 MB mask rather than twelve. A context length or
+batch whose mask or attention scores cannot fit in the machine's memory is refused with a
+`ConfigError` naming the setting, before anything is allocated.
 """
 
 from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +29,62 @@ from torch import nn
 ATTENTION_PATHS = ("auto", "sdpa", "explicit")
 """Values of the `attention` setting: SDPA on GPUs and explicit on CPU (but for one-token steps),
 always SDPA, always explicit."""
+
+
+_MASKS: weakref.WeakValueDictionary[tuple[int, torch.device], torch.Tensor] = weakref.WeakValueDictionary()
+"""The causal masks alive in some model, by size and device."""
+
+
+def causal_mask(size: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """The (size, size) boolean mask, True above the diagonal ("may not look here").
+
+    Every caller asking for the same size on the same device gets the same tensor, for as long
+    as one of them holds it. Built on `device` (default: PyTorch's default device).
+
+    Raises:
+        ConfigError: the mask is larger than the device's memory (a context length too long).
+    """
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    mask = _MASKS.get((size, device))
+    if mask is None:
+        check_fits(size * size, device, f"model context_length {size}: its {size} x {size} attention mask")
+        mask = torch.ones(size, size, dtype=torch.bool, device=device).triu_(diagonal=1)
+        _MASKS[(size, device)] = mask
+    return mask
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes of memory `device` has in all (None where that cannot be known, e.g. "meta")."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+            return None
+    return None
+
+
+def check_fits(num_bytes: int, device: torch.device, what: str) -> None:
+    """Refuse an allocation larger than all of `device`'s memory, in one line starting with `what`.
+
+    Such an allocation can never succeed; asking for it anyway fails with a long allocator
+    message, or, where the kernel overcommits memory, gets the process killed part way.
+
+    Raises:
+        ConfigError: `num_bytes` exceeds the device's memory.
+    """
+    total = device_memory(device)
+    if total is not None and num_bytes > total:
+        from .config import ConfigError  # here: config.py imports this module
+
+        raise ConfigError(
+            f"{what} needs {_size(num_bytes)}, more than this machine's {device.type} memory ({_size(total)})"
+        )
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 1e9:,.1f} GB" if num_bytes >= 1e8 else f"{num_bytes / 1e6:,.1f} MB"
 
 
 class KVCache:
@@ -96,12 +161,19 @@ class MultiHeadAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         # True above the diagonal = "may not look here". Boolean and non-persistent: it costs no
         # checkpoint space, needs no cast per forward, and a checkpoint still loads when the
-        # context length changes.
-        self.register_buffer(
-            "mask",
-            torch.triu(torch.ones(context_length, context_length, dtype=torch.bool), diagonal=1),
-            persistent=False,
-        )
+        # context length changes. Shared with every other layer of this context length.
+        self.register_buffer("mask", causal_mask(context_length), persistent=False)
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
+        # `model.to(device)` converts each module's buffers on its own, which would give every
+        # layer a copy of the mask; take the one shared mask of the new device instead.
+        mask = self._buffers.pop("mask")
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            self._buffers["mask"] = mask
+        self._buffers["mask"] = causal_mask(mask.shape[0], fn(mask[:0, :0]).device)
+        return self
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys and values of `x`, each (B, nh, T, hs).
@@ -175,6 +247,13 @@ class MultiHeadAttention(nn.Module):
         """
         b, h, t, hs = queries.shape
         total = keys.shape[2]
+        if not torch.compiler.is_compiling():
+            check_fits(
+                b * h * t * total * 4,  # the fp32 softmax alone; the scores and weights come on top
+                queries.device,
+                f"model context_length {self.mask.shape[0]} at batch size {b}: attention over "
+                f"{t} x {total} positions in {h} heads",
+            )
         bias = torch.zeros(t, total, dtype=queries.dtype, device=queries.device)
         bias.masked_fill_(self.mask[past:total, :total], float("-inf"))
         q, k = queries.reshape(b * h, t, hs), keys.reshape(b * h, total, hs)

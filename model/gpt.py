@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from .attention import KVCache, MultiHeadAttention
+from .attention import KVCache, MultiHeadAttention, check_fits
 from .config import GPTConfig
 
 
@@ -60,6 +60,18 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.ln_2(x))), weights
 
 
+def parameter_count(config: GPTConfig) -> int:
+    """Parameters of `GPT(config)` (tied embeddings counted once), without building it."""
+    c, bias = config.n_embd, int(config.bias)
+    layer_norm = c * (1 + bias)
+    attention = 4 * c * c + 3 * c * int(config.qkv_bias) + c * bias
+    mlp = 8 * c * c + 5 * c * bias
+    block = 2 * layer_norm + attention + mlp
+    embeddings = (config.vocab_size + config.context_length) * c
+    head = 0 if config.tie_weights else config.vocab_size * c
+    return embeddings + config.n_layer * block + layer_norm + head
+
+
 class GPT(nn.Module):
     """Token ids (B, T) in, next-token logits (B, T, vocab_size) out.
 
@@ -70,6 +82,13 @@ class GPT(nn.Module):
         super().__init__()
         if config.vocab_size is None:
             raise ValueError("GPTConfig.vocab_size must be set before building the model")
+        n = parameter_count(config)
+        check_fits(
+            n * torch.get_default_dtype().itemsize,
+            torch.get_default_device(),
+            f"model n_layer {config.n_layer}, n_embd {config.n_embd}, vocab_size {config.vocab_size}, "
+            f"context_length {config.context_length}: a network of {n / 1e6:,.0f}M parameters",
+        )
         self.config = config
         self.transformer = nn.ModuleDict(
             dict(
