@@ -115,6 +115,32 @@ def test_fused_and_explicit_paths_agree_in_outputs_and_gradients() -> None:
         assert_close(a, b)
 
 
+def relative_error(actual: torch.Tensor, reference: torch.Tensor) -> float:
+    return ((actual.float() - reference).abs().max() / reference.abs().max()).item()
+
+
+def test_fused_and_explicit_paths_agree_under_bf16_autocast() -> None:
+    """bf16-mixed training (small.yaml) runs the explicit path on CPU and SDPA on GPUs: both must
+    give the fp32 result to bf16's precision (8 bits: 0.4% per rounding), forward and backward."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 32, 16, 0.0, num_heads=4, attention="sdpa")
+    x = torch.randn(3, 16, 32, requires_grad=True)
+    inputs = [x, *mha.parameters()]
+    reference, _ = mha(x, return_weights=True)  # fp32, explicit
+    reference_grads = torch.autograd.grad(reference.square().sum(), inputs)
+    outputs = []
+    for return_weights in (False, True):  # SDPA, then explicit
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = mha(x, return_weights=return_weights)
+        out = out[0] if return_weights else out
+        assert out.dtype == torch.bfloat16
+        assert relative_error(out, reference) < 0.01
+        grads = torch.autograd.grad(out.float().square().sum(), inputs)
+        assert max(relative_error(g, r) for g, r in zip(grads, reference_grads, strict=True)) < 0.03
+        outputs.append(out)
+    assert relative_error(outputs[0], outputs[1].float()) < 0.01
+
+
 def test_weights_are_causal_and_normalised() -> None:
     torch.manual_seed(0)
     mha = MultiHeadAttention(8, 8, 12, 0.0, num_heads=2)

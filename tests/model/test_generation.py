@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from minigpt.model import GPT, GPTConfig, LastTokenHead, generate, generate_tokens, optimize_for_decoding
+from minigpt.model import generation as generation_module
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,18 @@ def test_stops_at_the_stop_token(model: GPT) -> None:
     first = generate(model, prompt, 1, temperature=0.0)[0, -1].item()
     steps = list(generate_tokens(model, prompt, 10, temperature=0.0, stop_token=first))
     assert len(steps) == 1
+
+
+def test_a_batch_stops_once_every_row_has_stopped(model: GPT, monkeypatch: pytest.MonkeyPatch) -> None:
+    stop = 9
+    # Row 0 stops at the second step, row 1 at the fourth; then a step no row should get to.
+    script = iter([[5, 6], [stop, 7], [8, 8], [5, stop], [1, 1], [2, 2]])
+    monkeypatch.setattr(
+        generation_module, "sample_next", lambda logits, **kwargs: torch.tensor(next(script)).unsqueeze(1)
+    )
+    prompt = torch.tensor([[3, 1, 4], [1, 5, 9]])
+    steps = [step.squeeze(1).tolist() for step in generate_tokens(model, prompt, 6, stop_token=stop)]
+    assert steps == [[5, 6], [stop, 7], [8, 8], [5, stop]]
 
 
 def test_long_prompt_is_cropped_from_the_left(model: GPT) -> None:

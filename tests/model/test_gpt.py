@@ -30,6 +30,25 @@ def test_changing_a_future_token_never_changes_earlier_logits() -> None:
     assert not torch.allclose(before[:, 9:], after[:, 9:])
 
 
+def test_blocks_normalise_each_branch_input_and_never_the_residual_stream() -> None:
+    """Pre-LayerNorm (GPT-2): x + attn(ln_1(x)), then + mlp(ln_2(.)); ln_f once, before the head."""
+    torch.manual_seed(0)
+    model = GPT(tiny()).eval()
+    for norm in model.modules():
+        if isinstance(norm, torch.nn.LayerNorm):  # away from (1, 0), so every placement shows
+            torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
+            torch.nn.init.normal_(norm.bias)
+    ids = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        x = model.transformer.wte(ids) + model.transformer.wpe(torch.arange(9))
+        for block in model.transformer.h:
+            assert block.ln_1.weight.shape == (32,)
+            x = x + block.attn(block.ln_1(x))
+            x = x + block.mlp(block.ln_2(x))
+        expected = model.lm_head(model.transformer.ln_f(x))
+        assert_close(model(ids), expected)
+
+
 def test_weights_are_tied_by_default_and_can_be_untied() -> None:
     tied, untied = GPT(tiny()), GPT(tiny(tie_weights=False))
     assert tied.lm_head.weight is tied.transformer.wte.weight
@@ -50,9 +69,12 @@ def test_gpt2_small_shape_has_gpt2_parameter_count() -> None:
 def test_residual_projections_use_scaled_init() -> None:
     torch.manual_seed(0)
     model = GPT(tiny(n_layer=8, n_embd=256, n_head=4))
-    std = model.transformer.h[0].mlp.c_proj.weight.std().item()
-    assert math.isclose(std, 0.02 / math.sqrt(16), rel_tol=0.05)
-    assert math.isclose(model.transformer.h[0].mlp.c_fc.weight.std().item(), 0.02, rel_tol=0.05)
+    scaled = 0.02 / 4  # GPT-2: 0.02 / sqrt(2 * n_layer), for the two projections into the residual stream
+    for block in (model.transformer.h[0], model.transformer.h[7]):
+        assert math.isclose(block.mlp.c_proj.weight.std().item(), scaled, rel_tol=0.05)
+        assert math.isclose(block.attn.out_proj.weight.std().item(), scaled, rel_tol=0.05)
+        for layer in (block.mlp.c_fc, block.attn.W_query, block.attn.W_key, block.attn.W_value):
+            assert math.isclose(layer.weight.std().item(), 0.02, rel_tol=0.05)
 
 
 def test_state_dict_has_gpt2_style_names_and_no_mask() -> None:
