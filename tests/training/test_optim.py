@@ -20,27 +20,42 @@ def test_weight_decay_applies_to_matrices_only() -> None:
 
 
 def test_schedule_warms_up_then_decays_to_min_lr() -> None:
+    # The values are nanoGPT's schedule worked out by hand, not lr_at's code: warmup rises by
+    # lr / (warmup + 1) per step from lr / 11; then lr falls from 1 to min_lr 0.1 along half a
+    # cosine over the 100 remaining steps, lr = 0.1 + 0.45 (1 + cos(pi * done / 100)).
     config = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=10)
-    lrs = [lr_at(step, config, total_steps=110) for step in range(120)]
-    assert lrs[0] == pytest.approx(1 / 11)
-    assert all(a < b for a, b in zip(lrs[:10], lrs[1:11], strict=True))  # rising through warmup
-    assert lrs[10] == pytest.approx(1.0)
-    assert lrs[60] == pytest.approx(0.55)  # halfway through the cosine: the mean of lr and min_lr
-    assert all(a >= b for a, b in zip(lrs[10:110], lrs[11:111], strict=True))
-    assert lrs[110] == lrs[119] == pytest.approx(0.1)
+    expected = {
+        0: 0.0909091,  # 1 / 11
+        4: 0.4545455,  # 5 / 11
+        9: 0.9090909,  # 10 / 11
+        10: 1.0,
+        35: 0.8681981,  # a quarter through: cos(pi / 4) = 0.7071068
+        60: 0.55,  # halfway: the mean of lr and min_lr
+        85: 0.2318019,  # three quarters: cos(3 pi / 4) = -0.7071068
+        109: 0.1002220,  # cos(99 pi / 100) = -0.9995066
+        110: 0.1,
+        119: 0.1,  # past the end it stays at min_lr
+    }
+    for step, lr in expected.items():
+        assert lr_at(step, config, total_steps=110) == pytest.approx(lr, abs=1e-7), step
 
 
 def test_scheduler_drives_the_optimizer_lr() -> None:
     param = torch.nn.Parameter(torch.zeros(2, 2))
     config = OptimConfig(lr=0.5, min_lr=0.05, warmup_steps=3)
     optimizer = torch.optim.AdamW([param], lr=config.lr)
-    scheduler = build_scheduler(optimizer, config, total_steps=20)
+    scheduler = build_scheduler(optimizer, config, total_steps=23)
     seen = []
-    for _ in range(20):
+    for _ in range(24):
         seen.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    assert seen == pytest.approx([lr_at(s, config, 20) for s in range(20)])
+    # Warmup 0.5 x 1/4, 2/4, 3/4; then 0.05 + 0.225 (1 + cos(pi * (step - 3) / 20)).
+    assert seen[:4] == pytest.approx([0.125, 0.25, 0.375, 0.5])
+    assert seen[8] == pytest.approx(0.4340990, abs=1e-7)  # a quarter of the decay
+    assert seen[13] == pytest.approx(0.275)  # halfway
+    assert seen[22] == pytest.approx(0.0527701, abs=1e-7)  # cos(19 pi / 20) = -0.9876883
+    assert seen[23] == pytest.approx(0.05)
 
 
 @pytest.mark.parametrize(
