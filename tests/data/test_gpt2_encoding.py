@@ -87,6 +87,7 @@ def test_hanging_tiktoken_is_abandoned(
 
 
 @pytest.mark.slow
+@pytest.mark.network
 def test_ranks_file_in_whisper_source_package() -> None:
     """The real download: the source package still carries the exact ranks file."""
     data = module._fetch_ranks_from_registry()

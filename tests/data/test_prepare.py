@@ -110,24 +110,27 @@ def test_second_call_is_a_cache_hit(
     tmp_path: Path, data_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = _jsonl(tmp_path / "d.jsonl", DOCS)
-    first = prepare(DataConfig(source=str(source)))
+    first = prepare(DataConfig(source=str(source), tokenizer="char"))
 
     def refuse(*args: object) -> None:
         raise AssertionError("re-tokenized on a cache hit")
 
-    monkeypatch.setattr(GPT2Tokenizer, "encode_to_arrays", refuse)
-    monkeypatch.setattr(GPT2Tokenizer, "__init__", refuse)
-    second = prepare(DataConfig(source=str(source)))
+    monkeypatch.setattr(CharTokenizer, "encode_to_arrays", refuse)
+    monkeypatch.setattr(CharTokenizer, "__init__", refuse)
+    second = prepare(DataConfig(source=str(source), tokenizer="char"))
     assert second.directory == first.directory and second.meta == first.meta
 
 
 def test_inputs_that_change_the_bytes_change_the_folder(tmp_path: Path, data_cache: Path) -> None:
     source = _jsonl(tmp_path / "d.jsonl", DOCS)
-    base = prepare(DataConfig(source=str(source))).directory
-    assert prepare(DataConfig(source=str(source), val_fraction=0.2)).directory != base
-    assert prepare(DataConfig(source=str(source), tokenizer="char")).directory != base
+    base = prepare(DataConfig(source=str(source), tokenizer="char")).directory
+    assert prepare(DataConfig(source=str(source), tokenizer="char", val_fraction=0.2)).directory != base
+    corpus = Corpus("a corpus", "corpus", "f" * 64)  # the tokenizer, without fetching GPT-2's ranks
+    assert _cache_key(corpus, DataConfig(tokenizer="gpt2")) != _cache_key(
+        corpus, DataConfig(tokenizer="char")
+    )
     _jsonl(source, DOCS[:2])
-    assert prepare(DataConfig(source=str(source))).directory != base
+    assert prepare(DataConfig(source=str(source), tokenizer="char")).directory != base
 
 
 def test_too_short_split_says_how_many_tokens(tmp_path: Path, data_cache: Path) -> None:
@@ -146,8 +149,8 @@ def test_too_short_split_says_how_many_tokens(tmp_path: Path, data_cache: Path) 
 
 def test_empty_text_is_rejected(tmp_path: Path, data_cache: Path) -> None:
     (tmp_path / "empty.txt").write_text("", encoding="utf-8")
-    with pytest.raises(DataError, match="contains no text|has no rows"):
-        prepare(DataConfig(source=str(tmp_path / "empty.txt")))
+    with pytest.raises(DataError, match="contains no text|has no rows|the corpus is empty"):
+        prepare(DataConfig(source=str(tmp_path / "empty.txt"), tokenizer="char"))
 
 
 def test_failure_leaves_no_folder_that_looks_prepared(
@@ -156,14 +159,14 @@ def test_failure_leaves_no_folder_that_looks_prepared(
     def crash(*args: object) -> None:
         raise RuntimeError("crash mid-tokenization")
 
-    monkeypatch.setattr(GPT2Tokenizer, "encode_to_arrays", crash)
+    monkeypatch.setattr(CharTokenizer, "encode_to_arrays", crash)
     with pytest.raises(RuntimeError, match="crash mid-tokenization"):
-        prepare(DataConfig(source=str(_jsonl(tmp_path / "d.jsonl", DOCS))))
+        prepare(DataConfig(source=str(_jsonl(tmp_path / "d.jsonl", DOCS)), tokenizer="char"))
     assert list(data_cache.iterdir()) == []
 
 
 def test_tampered_folder_is_detected(tmp_path: Path, data_cache: Path) -> None:
-    config = DataConfig(source=str(_jsonl(tmp_path / "d.jsonl", DOCS)))
+    config = DataConfig(source=str(_jsonl(tmp_path / "d.jsonl", DOCS)), tokenizer="char")
     prepared = prepare(config)
     with open(prepared.directory / "train.bin", "ab") as f:
         f.write(b"\0\0")

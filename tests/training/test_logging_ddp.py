@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -76,9 +77,20 @@ def test_two_process_ddp_on_cpu(corpus: Path, tmp_path: Path) -> None:
 
 def test_the_wandb_api_key_never_reaches_logs_or_saved_configs(corpus: Path, tmp_path: Path) -> None:
     secret = "sentinel" + "0123456789abcdef" * 2 + "sentinel"
-    # Logged in but offline here: the run must fall back to offline logging without hanging.
-    env = {"WANDB_MODE": None, "WANDB_API_KEY": secret, "NETRC": str(tmp_path / "no-netrc")}
-    result = run_script("train.py", *tiny_args(corpus, tmp_path / "run"), cwd=tmp_path, env=env, timeout=120)
+    # Logged in, and the server refuses connections (a port bound but not listening), whatever
+    # this machine's network: the run must fall back to offline logging without hanging.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        server = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        env = {
+            "WANDB_MODE": None,
+            "WANDB_API_KEY": secret,
+            "WANDB_BASE_URL": server,
+            "NETRC": str(tmp_path / "no-netrc"),
+        }
+        result = run_script(
+            "train.py", *tiny_args(corpus, tmp_path / "run"), cwd=tmp_path, env=env, timeout=120
+        )
     assert result.returncode == 0, result.stderr[-3000:]
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert secret not in result.stdout + result.stderr
