@@ -115,4 +115,8 @@ class TextDataModule(L.LightningDataModule):
             "num_workers": workers,
             "pin_memory": torch.cuda.is_available(),
             "persistent_workers": workers > 0,
+            # Every new iterator draws a seed for its workers; from the global generator, that
+            # draw would shift the random state dropout uses, and a resumed run (whose train
+            # iterator starts at a different moment) would no longer repeat the original.
+            "generator": torch.Generator().manual_seed(self.config.seed),
         }

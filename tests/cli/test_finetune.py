@@ -1,0 +1,239 @@
+"""Fine-tuning a saved GPT-2 through train.py, and handing the result to transformers."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from minigpt.checkpoints import load_model
+from minigpt.checkpoints.hf_tokenizer import write_gpt2_vocabulary
+from minigpt.cli.export import export_main
+from minigpt.cli.generate import generate_main
+from minigpt.cli.train import train_main
+from minigpt.cli.visualize import visualize_main
+from minigpt.data import CharTokenizer
+from minigpt.data.tokenizer.gpt2 import GPT2Tokenizer
+from minigpt.model import GPT
+
+from ..training.conftest import REPO, make_play, run_script
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+pytestmark = pytest.mark.slow
+
+FAULTS = "tests.training.faults"
+ENV = {"PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "play.txt"
+    path.write_text(make_play(800, seed=3))
+    return path
+
+
+def tiny_gpt2(vocab_size: int, folder: Path) -> Path:
+    """A random GPT-2 saved by transformers, as a downloaded one would be (context 64)."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def char_gpt2(text: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny GPT-2 whose ids are the text's characters (offline: no GPT-2 vocabulary needed)."""
+    tokenizer = CharTokenizer.from_texts([text.read_text()])
+    folder = tiny_gpt2(tokenizer.n_vocab, tmp_path_factory.mktemp("models") / "char-gpt2")
+    (folder / "minigpt_tokenizer.json").write_text(json.dumps(tokenizer.spec()))
+    return folder
+
+
+def finetune_args(text: Path, weights: Path, run: Path, *extra: str) -> list[str]:
+    return [
+        "--config",
+        "finetune.yaml",
+        "--model.init_from",
+        str(weights),
+        "--data.config.source",
+        str(text),
+        "--data.config.batch_size",
+        "8",
+        "--trainer.default_root_dir",
+        str(run),
+        "--trainer.max_steps",
+        "16",
+        "--trainer.val_check_interval",
+        "8",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.optim.lr",
+        "3e-3",
+        "--model.optim.warmup_steps",
+        "4",
+        *extra,
+    ]
+
+
+def mean_loss(model: GPT, ids: list[int], context: int) -> float:
+    windows = torch.tensor(ids[: (len(ids) - 1) // context * context + 1])
+    x = windows[:-1].view(-1, context)
+    y = windows[1:].view(-1, context)
+    with torch.no_grad():
+        logits = model(x)
+    return float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()))
+
+
+def test_the_fine_tune_config_takes_its_shape_from_the_weights(
+    text: Path, char_gpt2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = finetune_args(text, char_gpt2, tmp_path / "run", "--data.config.tokenizer", "char")
+    with pytest.raises(SystemExit) as done:
+        train_main([*args, "--print_config"])
+    assert done.value.code == 0
+    gpt = yaml.safe_load(capsys.readouterr().out)["model"]["gpt"]
+    assert (gpt["n_layer"], gpt["n_head"], gpt["n_embd"], gpt["context_length"]) == (2, 4, 32, 64)
+    assert (gpt["qkv_bias"], gpt["bias"], gpt["gelu_approximate"], gpt["dropout"]) == (
+        True,
+        True,
+        "tanh",
+        0.1,
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--model.gpt.n_layer", "4"], "model.gpt.n_layer is 4 but the weights of"),
+        (["--model.gpt.context_length", "65"], "context_length 65 is longer than the 64 positions"),
+        (
+            ["--data.config.tokenizer", "gpt2-compact"],
+            "data.config.tokenizer is 'gpt2-compact', but the weights",
+        ),
+        (["--model.init_from", "no/such-model.ckpt"], "checkpoint not found: no/such-model.ckpt"),
+    ],
+)
+def test_a_fine_tune_refuses_what_the_weights_exclude_in_one_line(
+    text: Path,
+    char_gpt2: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    args = finetune_args(text, char_gpt2, tmp_path / "run", "--data.config.tokenizer", "char", *extra)
+    assert train_main(args) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[-1].startswith("error: ") and message in lines[-1], lines[-3:]
+
+
+def test_a_char_vocabulary_built_from_other_text_is_refused(
+    char_gpt2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other.txt"
+    other.write_text("only lower case letters here\n" * 200)
+    args = finetune_args(other, char_gpt2, tmp_path / "run", "--data.config.tokenizer", "char")
+    assert train_main(args) == 2
+    assert "(a vocabulary built from other text)" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_fine_tuning_lowers_the_loss_resumes_exactly_and_exports_to_transformers(
+    text: Path, char_gpt2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    char = ("--data.config.tokenizer", "char")
+    straight = run_script(
+        "train.py", *finetune_args(text, char_gpt2, tmp_path / "straight", *char), cwd=tmp_path
+    )
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    assert f"starting from the weights of {char_gpt2}" in straight.stderr
+
+    # Lower loss on its text than the weights it started from, on the same windows.
+    tokenizer = CharTokenizer.from_texts([text.read_text()])
+    ids = tokenizer.encode(text.read_text()[-20_000:])
+    before, _ = load_model(char_gpt2)
+    after, _ = load_model(tmp_path / "straight")
+    assert mean_loss(after, ids, 64) < mean_loss(before, ids, 64) - 0.5
+
+    # Killed after the step-8 checkpoint, resumed: the same weights as the straight run, bit for
+    # bit (dropout 0.1 draws from the random state on every step).
+    crash = [f"--trainer.callbacks+={FAULTS}.SignalAt", "--trainer.callbacks.step=11"]
+    crashed = run_script(
+        "train.py",
+        *finetune_args(text, char_gpt2, tmp_path / "crashed", *char, *crash),
+        cwd=tmp_path,
+        env=ENV,
+    )
+    assert crashed.returncode != 0
+    resumed = run_script(
+        "train.py",
+        *finetune_args(text, char_gpt2, tmp_path / "crashed", *char, "--ckpt_path", "last"),
+        cwd=tmp_path,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = torch.load(tmp_path / "straight" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    b = torch.load(tmp_path / "crashed" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+    assert _val_losses(tmp_path / "straight")[-1] == _val_losses(tmp_path / "crashed")[-1]
+
+    # export.py hands the fine-tuned model to transformers, which computes the same logits.
+    out = tmp_path / "hf"
+    assert (
+        export_main(
+            ["--checkpoint", str(tmp_path / "straight"), "--out", str(out), "--format", "huggingface"]
+        )
+        == 0
+    )
+    assert "'char' has no Hugging Face equivalent" in capsys.readouterr().out
+    theirs = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    x = torch.tensor([ids[:64]])
+    with torch.no_grad():
+        torch.testing.assert_close(after(x), theirs(x).logits, rtol=1e-5, atol=1e-5)
+
+    # generate.py and visualize.py read the exported folder as they read a run.
+    assert generate_main(["--checkpoint", str(out), "--prompt", "ROMEO:", "--max_new_tokens", "20"]) == 0
+    assert capsys.readouterr().out.startswith("ROMEO:")
+    png = tmp_path / "maps.png"
+    assert visualize_main(["--checkpoint", str(out), "--prompt", "ROMEO:", "--out", str(png)]) == 0
+    assert png.stat().st_size > 0
+
+
+def _val_losses(run: Path) -> list[float]:
+    rows = []
+    for path in sorted(run.glob("csv/version_*/metrics.csv")):
+        with path.open() as f:
+            rows += [float(r["val_loss"]) for r in csv.DictReader(f) if r.get("val_loss")]
+    return rows
+
+
+@pytest.mark.network
+def test_gpt2_tokens_from_fine_tune_to_transformers_tokenizer(text: Path, tmp_path: Path) -> None:
+    """GPT-2's own vocabulary: the folder's vocab.json makes the tokenizer, and export writes it
+    back so that transformers' tokenizer gives the same ids as ours."""
+    gpt2 = GPT2Tokenizer()  # GPT-2's ranks: cached, or fetched from the package index
+    folder = tiny_gpt2(gpt2.n_vocab, tmp_path / "gpt2-tiny")
+    write_gpt2_vocabulary(gpt2.token_bytes(), folder)
+    run = tmp_path / "run"
+    args = finetune_args(text, folder, run, "--trainer.max_steps", "4", "--trainer.val_check_interval", "4")
+    result = run_script("train.py", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    sample = run_script(
+        "generate.py", "--checkpoint", str(run), "--prompt", "ROMEO:", "--max_new_tokens", "10", cwd=tmp_path
+    )
+    assert sample.returncode == 0 and sample.stdout.startswith("ROMEO:"), sample.stderr[-2000:]
+
+    out = tmp_path / "hf"
+    exported = run_script(
+        "export.py", "--checkpoint", str(run), "--out", str(out), "--format", "huggingface", cwd=tmp_path
+    )
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    theirs = transformers.AutoTokenizer.from_pretrained(out)
+    sentence = text.read_text()[:5000] + " naïve café — 日本 🙂"
+    assert theirs.encode(sentence) == gpt2.encode(sentence)
+    assert theirs.eos_token_id == gpt2.eot_id == json.loads((out / "config.json").read_text())["eos_token_id"]
