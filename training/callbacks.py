@@ -38,7 +38,9 @@ class SaveAndStopOnSignal(L.Callback):
     """On SIGINT (Ctrl-C) or SIGTERM, finish the current optimizer step, save, and stop.
 
     The checkpoint lands where `--ckpt_path last` finds it: `last.ckpt` beside the run's other
-    checkpoints. A second signal is not caught, so pressing Ctrl-C twice still interrupts at once.
+    checkpoints. A second signal stops at once: it raises KeyboardInterrupt, which Lightning
+    answers by shutting down without finishing the step. Under DDP a signal to any rank stops
+    every rank, and every rank records it in `received`, so each exits as the signalled one does.
     """
 
     def __init__(self) -> None:
@@ -63,17 +65,21 @@ class SaveAndStopOnSignal(L.Callback):
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.received = signum
-        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+        # Not the handler this one replaced: for SIGTERM that is Lightning's, which would let the
+        # run save, then end it with SystemExit and exit status 0.
+        signal.signal(signum, _interrupt_at_once)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # the optimizer step is not complete yet
-        stop = self.received is not None
+        received = self.received or 0
         if trainer.world_size > 1:  # every rank must take part, signalled or not
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if stop:
+            signalled = torch.tensor(received, device=pl_module.device)
+            received = int(trainer.strategy.reduce(signalled, reduce_op="max"))
+        if received:
+            self.received = received
             trainer.save_checkpoint(self.path)
             self.saved_step = trainer.global_step
             trainer.should_stop = True
@@ -82,6 +88,10 @@ class SaveAndStopOnSignal(L.Callback):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+
+
+def _interrupt_at_once(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 class DivergenceError(RuntimeError):
@@ -94,7 +104,8 @@ class StopOnNonFinite(L.Callback):
     The loss is checked before its backward pass, so its gradients never reach the weights; the
     gradient norm (`LitGPT.grad_norm`, measured when clipping) after the step it was taken in; the
     validation loss before checkpoints are saved. Either way no checkpoint ever holds the bad
-    weights. Under DDP every rank stops together, or the others would wait for it forever.
+    weights. Under DDP every rank stops together, or the others would wait for it forever, and the
+    message names the value and the rank it went bad on.
     """
 
     def on_before_backward(
@@ -116,9 +127,11 @@ class StopOnNonFinite(L.Callback):
 
     @staticmethod
     def _check(trainer: L.Trainer, value: torch.Tensor, what: str, step: int | None = None) -> None:
-        bad = not bool(torch.isfinite(value))
-        if trainer.world_size > 1:
-            bad = trainer.strategy.reduce_boolean_decision(bad, all=False)
+        values = value.detach().float().reshape(1)
+        if trainer.world_size > 1:  # every rank stops together, naming the value that went bad
+            values = trainer.strategy.all_gather(values).reshape(-1)  # (world_size,)
+        bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
         if bad:
             step = trainer.global_step if step is None else step
-            raise DivergenceError(f"the {what} became {value.item()} at step {step}")
+            where = f" on rank {bad[0]}" if trainer.world_size > 1 else ""
+            raise DivergenceError(f"the {what} became {values[bad[0]].item()}{where} at step {step}")
