@@ -9,12 +9,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from minigpt.cli.train import train_main
+
 from .conftest import REPO, run_script, tiny_args
 
 pytestmark = pytest.mark.slow
 
 FAULTS = "tests.training.faults"
 ENV = {"PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture(autouse=True)
+def no_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """For the runs made in this process (train_main): no wandb, and the working directory in tmp."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -38,23 +47,54 @@ def test_a_signal_saves_a_checkpoint_and_exits_cleanly(corpus: Path, tmp_path: P
     assert checkpoint["global_step"] == 8  # the step in progress was finished, then saved
 
 
-def test_divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint(
-    corpus: Path, tmp_path: Path
-) -> None:
-    # Validation at step 20 saves a good checkpoint; the weights are poisoned before step 25.
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_stops_at_once(corpus: Path, tmp_path: Path, signum: int) -> None:
+    # Both signals arrive during step 7: the first asks to finish it and save, the second to stop now.
     args = tiny_args(
         corpus,
         tmp_path / "run",
-        f"--trainer.callbacks+={FAULTS}.PoisonWeights",
-        "--trainer.callbacks.step=25",
+        f"--trainer.callbacks+={FAULTS}.SignalTwiceAt",
+        "--trainer.callbacks.step=7",
+        f"--trainer.callbacks.signum={int(signum)}",
     )
     result = run_script("train.py", *args, cwd=tmp_path, env=ENV)
-    assert result.returncode == 1
-    last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("error: training diverged: the loss became nan at step 25")
-    assert "last good checkpoint" in last_line
-    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert checkpoint["global_step"] == 20
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()  # step 7 was neither finished nor saved
+    assert "saved step" not in result.stderr
+    assert result.returncode == 128 + signum, result.stderr[-2000:]  # interrupted, not failed
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("PoisonWeights", "the loss became nan at step 6"),
+        ("PoisonGradients", "the gradient norm became inf at step 6"),
+        ("PoisonBeforeValidation", "the validation loss became nan at step 8"),
+    ],
+)
+def test_divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint(
+    fault: str, message: str, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Validations at steps 4 and 8; the fault strikes at step 6 or the validation at 8, always after
+    # the checkpoint of step 4 and before the next one could be written.
+    step = 8 if "Validation" in fault else 6
+    run = tmp_path / "run"
+    args = tiny_args(
+        corpus,
+        run,
+        "--trainer.max_steps",
+        "12",
+        "--trainer.val_check_interval",
+        "4",
+        f"--trainer.callbacks+={FAULTS}.{fault}",
+        f"--trainer.callbacks.step={step}",
+    )
+    assert train_main(args) == 1
+    last_line = capsys.readouterr().err.strip().splitlines()[-1]
+    last = run / "checkpoints" / "last.ckpt"
+    assert last_line == f"error: training diverged: {message}; the last good checkpoint is {last}"
+    checkpoint = torch.load(last, weights_only=True)
+    assert checkpoint["global_step"] == 4
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values())
 
 
@@ -102,19 +142,19 @@ def _val_losses(run: Path) -> list[float]:
     return rows
 
 
-def test_resume_needs_something_to_resume(corpus: Path, tmp_path: Path) -> None:
-    result = run_script("train.py", *tiny_args(corpus, tmp_path / "run", "--ckpt_path", "last"), cwd=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("error: --ckpt_path last: there is no")
+def test_resume_needs_something_to_resume(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert train_main(tiny_args(corpus, tmp_path / "run", "--ckpt_path", "last")) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: --ckpt_path last: there is no")
 
 
-def test_resume_from_a_truncated_checkpoint_is_one_line(corpus: Path, tmp_path: Path) -> None:
+def test_resume_from_a_truncated_checkpoint_is_one_line(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "half.ckpt"
     bad.write_bytes(b"PK\x03\x04 not really")
-    result = run_script(
-        "train.py", *tiny_args(corpus, tmp_path / "run", "--ckpt_path", str(bad)), cwd=tmp_path
-    )
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
+    assert train_main(tiny_args(corpus, tmp_path / "run", "--ckpt_path", str(bad))) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"error: cannot read checkpoint {bad}: truncated or not a PyTorch checkpoint"
     )

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from .conftest import run_script, tiny_args
+from minigpt.data import DataConfig, prepare
+from minigpt.data.windows import train_offsets
+
+from .conftest import REPO, run_script, tiny_args
+from .test_faults import FAULTS
 from .test_train_generate import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -48,31 +54,115 @@ def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) ->
     assert (tmp_path / "run" / "csv").is_dir()  # CSV always runs beside wandb
 
 
+DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
+ENV = {"PYTHONPATH": str(REPO)}
+
+
+def ddp_args(corpus: Path, run: Path, ranks: Path, *extra: str) -> list[str]:
+    """tiny.yaml on two CPU processes, each recording what it saw into `ranks`."""
+    probe = ["--trainer.callbacks+=tests.training.probes.RecordRank", f"--trainer.callbacks.folder={ranks}"]
+    return tiny_args(corpus, run, *DDP, *probe, *extra)
+
+
+def read_ranks(ranks: Path) -> list[dict]:
+    return [json.loads((ranks / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+def assert_gone(pid: int, within: float = 10.0) -> None:
+    """The process has exited (a zombie waiting for its parent counts as gone)."""
+    stat = Path(f"/proc/{pid}/stat")
+    deadline = time.monotonic() + within
+    while stat.exists() and time.monotonic() < deadline:
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except (FileNotFoundError, ProcessLookupError):
+            return
+        time.sleep(0.2)
+    assert not stat.exists(), f"process {pid} is still running"
+
+
 def test_two_process_ddp_on_cpu(corpus: Path, tmp_path: Path) -> None:
-    args = tiny_args(
-        corpus,
-        tmp_path / "run",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.devices",
-        "2",
-        "--trainer.strategy",
-        "ddp",
-        "--trainer.max_steps",
-        "20",
-        "--trainer.val_check_interval",
-        "10",
+    ranks = tmp_path / "ranks"
+    args = ddp_args(
+        corpus, tmp_path / "run", ranks, "--trainer.max_steps", "10", "--trainer.val_check_interval", "5"
     )
-    result = run_script("train.py", *args, cwd=tmp_path)
+    result = run_script("train.py", *args, cwd=tmp_path, env=ENV)
     assert result.returncode == 0, result.stderr[-3000:]
     # One process wrote checkpoints and logs.
     assert len(list((tmp_path / "run" / "csv").glob("version_*"))) == 1
-    assert result.stdout.count("--- sample at step 20 ---") == 1
+    assert result.stdout.count("--- sample at step 10 ---") == 1
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert checkpoint["global_step"] == 20
+    assert checkpoint["global_step"] == 10
     rows = read_metrics(tmp_path / "run")
     val = [float(r["val_loss"]) for r in rows if r.get("val_loss")]
     assert len(val) == 2 and val[-1] < val[0]
+
+    first, second = read_ranks(ranks)
+    # Each rank reads its own windows: in one step the two ranks read, between them, exactly the
+    # windows one process reads in two (the epoch's random start positions, dealt out in turn).
+    prepared = prepare(
+        DataConfig(source=str(corpus), tokenizer="char", cache_dir=str(tmp_path / "data_cache"))
+    )
+    train = prepared.tokens("train")
+    offsets = train_offsets(len(train), 64, seed=1337, epoch=0)
+    for step in range(2):
+        mine, theirs = first["windows"][step], second["windows"][step]
+        expected = [train[o : o + 16].tolist() for o in offsets[32 * step : 32 * (step + 1)]]
+        assert len(mine) == len(theirs) == 16
+        assert sorted(mine + theirs) == sorted(expected)
+        assert not {tuple(w) for w in mine} & {tuple(w) for w in theirs}
+    # The logged validation loss is the mean over both ranks, whose windows and losses differ.
+    for logged, mine, theirs in zip(val, first["val_loss"], second["val_loss"], strict=True):
+        assert abs(mine - theirs) > 1e-3
+        assert logged == pytest.approx((mine + theirs) / 2, abs=1e-5)
+
+
+def test_sigterm_to_one_rank_saves_and_stops_every_rank(corpus: Path, tmp_path: Path) -> None:
+    ranks = tmp_path / "ranks"
+    signal_rank_1 = [
+        f"--trainer.callbacks+={FAULTS}.SignalAt",
+        "--trainer.callbacks.step=3",
+        f"--trainer.callbacks.signum={int(signal.SIGTERM)}",
+        "--trainer.callbacks.rank=1",
+    ]
+    result = run_script(
+        "train.py",
+        *ddp_args(corpus, tmp_path / "run", ranks, *signal_rank_1),
+        cwd=tmp_path,
+        env=ENV,
+        timeout=180,
+    )
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
+    assert "stopped by SIGTERM: saved step 4" in result.stderr
+    assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    for record in read_ranks(ranks):
+        assert_gone(record["pid"])
+
+
+def test_divergence_on_one_rank_stops_every_rank(corpus: Path, tmp_path: Path) -> None:
+    ranks = tmp_path / "ranks"
+    poison_rank_1 = [
+        f"--trainer.callbacks+={FAULTS}.PoisonWeights",
+        "--trainer.callbacks.step=3",
+        "--trainer.callbacks.rank=1",
+    ]
+    result = run_script(
+        "train.py",
+        *ddp_args(corpus, tmp_path / "run", ranks, *poison_rank_1),
+        cwd=tmp_path,
+        env=ENV,
+        timeout=180,
+    )
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 1, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: training diverged: the loss became nan on rank 1 at step 3; no checkpoint was written"
+    ]
+    for record in read_ranks(ranks):
+        assert_gone(record["pid"])
 
 
 def test_the_wandb_api_key_never_reaches_logs_or_saved_configs(corpus: Path, tmp_path: Path) -> None:
