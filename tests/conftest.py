@@ -16,6 +16,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+import tiktoken
+
+from minigpt.data import GPT2Tokenizer, load_gpt2_encoding
 
 NETWORK_FIXTURES = {"gpt2_encoding"}
 """Fixtures that fetch from the package index (on a first run; later runs read the cache)."""
@@ -70,3 +73,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if marked and (reason := index_unreachable()):
         for item in marked:
             item.add_marker(pytest.mark.skip(reason=f"needs the network: {reason}"))
+
+
+@pytest.fixture(scope="session")
+def gpt2_encoding() -> tiktoken.Encoding:
+    """GPT-2's encoding loaded the normal way (our cache, tiktoken, or the package index, once)."""
+    return load_gpt2_encoding()
+
+
+@pytest.fixture
+def gpt2(gpt2_encoding: tiktoken.Encoding) -> GPT2Tokenizer:
+    return GPT2Tokenizer(gpt2_encoding)

