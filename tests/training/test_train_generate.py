@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from minigpt.checkpoints import load_model
+from minigpt.cli.generate import generate_main
+from minigpt.cli.train import train_main
 
 from .conftest import run_script, tiny_args
 
@@ -75,42 +77,39 @@ def test_generate_streams_a_continuation_of_the_prompt(trained: Path) -> None:
     assert len(result.stdout) == len("ROMEO:") + 50 + 1  # one character per token, then a newline
 
 
-def test_generate_is_reproducible_and_cache_does_not_change_tokens(trained: Path) -> None:
+def generated(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """What generate.py prints for `args`, run in this process (no new interpreter to start)."""
+    assert generate_main(list(args)) == 0
+    return capsys.readouterr().out
+
+
+def test_generate_is_reproducible_and_cache_does_not_change_tokens(
+    trained: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ["--checkpoint", str(trained), "--prompt", "KING", "--max_new_tokens", "80", "--seed", "7"]
-    cached = run_script("generate.py", *args, cwd=trained)
-    again = run_script("generate.py", *args, cwd=trained)
-    uncached = run_script("generate.py", *args, "--no_cache", cwd=trained)
-    other_seed = run_script("generate.py", *args[:-1], "8", cwd=trained)
-    assert cached.returncode == 0, cached.stderr
-    assert cached.stdout == again.stdout == uncached.stdout
-    assert cached.stdout != other_seed.stdout
+    cached = generated(capsys, *args)
+    assert cached == generated(capsys, *args) == generated(capsys, *args, "--no_cache")
+    assert cached != generated(capsys, *args[:-1], "8")
 
 
-def test_generate_several_samples(trained: Path) -> None:
-    result = run_script(
-        "generate.py",
-        "--checkpoint",
-        str(trained),
-        "--num_samples",
-        "3",
-        "--max_new_tokens",
-        "10",
-        cwd=trained,
-    )
-    assert result.returncode == 0, result.stderr
-    assert [line for line in result.stdout.splitlines() if line.startswith("--- sample")] == [
+def test_generate_several_samples(trained: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = generated(capsys, "--checkpoint", str(trained), "--num_samples", "3", "--max_new_tokens", "10")
+    assert [line for line in out.splitlines() if line.startswith("--- sample")] == [
         "--- sample 1 ---",
         "--- sample 2 ---",
         "--- sample 3 ---",
     ]
 
 
-def test_a_new_run_never_overwrites_an_existing_one(trained: Path, corpus: Path) -> None:
+def test_a_new_run_never_overwrites_an_existing_one(
+    trained: Path, corpus: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(trained.parent)
     before = (trained / "checkpoints" / "last.ckpt").read_bytes()
-    result = run_script("train.py", *tiny_args(corpus, trained), cwd=trained.parent)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("error: ")
-    assert "already holds a run" in result.stderr and "--ckpt_path last" in result.stderr
+    assert train_main(tiny_args(corpus, trained)) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith("error: ")
+    assert "already holds a run" in err and "--ckpt_path last" in err
     assert (trained / "checkpoints" / "last.ckpt").read_bytes() == before
 
 
