@@ -14,7 +14,6 @@ import os
 import pickle
 import re
 import shutil
-import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -314,8 +313,9 @@ def save_huggingface(model: GPT, tokenizer: Tokenizer, folder: str | Path, *, re
     built beside it and renamed). Returns a line about the tokenizer files."""
     folder = Path(folder)
     config = model.config
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging = folder.with_name(f".{folder.name}.partial")  # a killed export's leftovers go first
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
     try:
         state = to_hf_gpt2(model.state_dict(), config.n_layer, config.tie_weights)
         save_file(

@@ -21,7 +21,8 @@ class GenerateOptions:
     """Which model to sample from, where, and how many samples."""
 
     checkpoint: str
-    """A run folder (its best checkpoint), a .ckpt file or exported .safetensors weights."""
+    """A run folder (its best checkpoint), a .ckpt or exported .safetensors file, or a GPT-2
+    folder in the Hugging Face layout (config.json + weights; a hub name such as gpt2 is fetched)."""
     num_samples: int = 1
     """Independent samples to draw, one after the other."""
     device: str = "auto"

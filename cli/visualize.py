@@ -22,7 +22,8 @@ class VisualizeOptions:
     """Whose attention to draw, over which text, and where the pictures go."""
 
     checkpoint: str | None = None
-    """A run folder (its best checkpoint), a .ckpt file or exported .safetensors weights."""
+    """A run folder (its best checkpoint), a .ckpt or exported .safetensors file, or a GPT-2
+    folder in the Hugging Face layout (config.json + weights; a hub name such as gpt2 is fetched)."""
     prompt: str | None = None
     """The text whose attention to draw; a prompt longer than the context keeps its end."""
     out: str | None = None
@@ -53,7 +54,9 @@ class VisualizeOptions:
                 "--seed_example draws the documents' example; it takes no --checkpoint or --prompt"
             )
         if not self.seed_example and self.checkpoint is None:
-            raise UsageError("pass --checkpoint (a run folder, .ckpt or .safetensors), or --seed_example")
+            raise UsageError(
+                "pass --checkpoint (a run folder, .ckpt, .safetensors or GPT-2 folder), or --seed_example"
+            )
         if not self.seed_example and not self.prompt:
             raise UsageError("the prompt is empty: pass the text whose attention to draw with --prompt")
         if self.max_tokens < 1:
@@ -107,8 +110,9 @@ def visualize_main(args: Sequence[str] | None = None) -> int:
 
 
 def default_out(checkpoint: str | None) -> Path:
-    """Where the PNGs go without --out: beside the run's other files when there is a run folder."""
-    if checkpoint is not None and Path(checkpoint).is_dir():
+    """Where the PNGs go without --out: beside the run's other files when there is a run folder
+    (not inside a model folder such as a GPT-2 download: attention/ in the working directory)."""
+    if checkpoint is not None and (Path(checkpoint) / "checkpoints").is_dir():
         return Path(checkpoint) / "attention"
     return Path("attention")
 
