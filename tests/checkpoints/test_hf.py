@@ -35,9 +35,17 @@ HF_SHAPES = [
 ]
 
 
+def randomize(model: torch.nn.Module) -> None:
+    """Every parameter drawn at a scale where a mix-up shows: LayerNorms and biases not at their
+    initial 1 and 0, and MLP inputs large enough that the two GELUs differ by far more than the
+    tolerance."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.normal_(0.0, 0.5 if ".ln_" in name or name.endswith("bias") or "c_fc" in name else 0.1)
+
+
 def hf_gpt2(vocab, positions, layers, heads, width, activation, tied, eps):
-    """A random transformers GPT-2, its LayerNorms and biases randomised too, so a mix-up of any
-    of them changes the logits."""
+    """A random transformers GPT-2 (see `randomize`)."""
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         vocab_size=vocab,
@@ -52,10 +60,7 @@ def hf_gpt2(vocab, positions, layers, heads, width, activation, tied, eps):
         eos_token_id=None,
     )
     model = transformers.GPT2LMHeadModel(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if ".ln_" in name or name.endswith("bias"):
-                param.normal_(0.0, 0.5)
+    randomize(model)
     return model
 
 
@@ -138,10 +143,7 @@ def test_weights_saved_as_a_pickle_or_without_the_head_prefix_load_too(tmp_path:
 def test_our_export_loads_in_transformers_with_no_custom_code(config: GPTConfig, tmp_path: Path) -> None:
     torch.manual_seed(0)
     ours = GPT(config).eval()
-    with torch.no_grad():
-        for name, param in ours.named_parameters():
-            if ".ln_" in name or name.endswith("bias"):
-                param.normal_(0.0, 0.5)
+    randomize(ours)
     note = save_huggingface(ours, CharTokenizer(CHARS), tmp_path / "hf")
     assert "'char' has no Hugging Face equivalent" in note
     theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
