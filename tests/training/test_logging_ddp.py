@@ -21,6 +21,17 @@ from .test_train_generate import read_metrics
 pytestmark = pytest.mark.slow
 
 
+def wandb_record(run: Path, keys: tuple[bytes, ...], within: float = 30.0) -> bytes:
+    """The offline run's record once it holds `keys`, or as it is after `within` seconds: wandb's
+    service process writes it, and may still be writing when train.py has exited."""
+    deadline = time.monotonic() + within
+    while True:
+        record = next(run.glob("run-*.wandb")).read_bytes()
+        if all(key in record for key in keys) or time.monotonic() > deadline:
+            return record
+        time.sleep(0.5)
+
+
 def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) -> None:
     env = {"WANDB_MODE": None, "WANDB_API_KEY": None, "NETRC": str(tmp_path / "no-netrc")}
     result = run_script(
@@ -32,8 +43,7 @@ def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) ->
     assert result.returncode == 0, result.stderr[-3000:]
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, "expected one offline wandb run folder under the run's output directory"
-    record = next(runs[0].glob("run-*.wandb")).read_bytes()
-    for key in (
+    keys = (
         b"n_layer",
         b"train_loss",
         b"val_loss",
@@ -41,7 +51,9 @@ def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) ->
         b"lr-AdamW",
         b"tokens_seen",
         b"grad_norm",
-    ):
+    )
+    record = wandb_record(runs[0], keys)
+    for key in keys:
         assert key in record, key  # config and metrics went to the dashboard
     images = {p.name.split("_")[0] for p in runs[0].glob("files/media/images/*.png")}
     assert images == {"attention", "loss"}, images  # attention maps each validation, curves at the end
