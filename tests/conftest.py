@@ -26,23 +26,28 @@ NETWORK_FIXTURES = {"gpt2_encoding"}
 
 def package_index_url() -> str:
     """The index pip installs from: the last `index-url` pip's configuration and environment give,
-    else pip's own default."""
-    try:
-        listed = subprocess.run(
-            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, timeout=60
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        listed = ""
+    else pip's own default. Asked of pip in a subprocess: importing pip here would import the
+    standard library's distutils, which breaks setuptools' (and torch.compile) later on."""
+    listed = _python("-m", "pip", "config", "list")
     urls = [
         value.strip().strip("'\"").split()[0]
         for key, _, value in (line.partition("=") for line in listed.splitlines())
         if key.endswith(".index-url") and value.strip().strip("'\"")
     ]
-    if urls:
-        return urls[-1]
-    from pip._internal.models.index import PyPI
+    return (
+        urls[-1]
+        if urls
+        else _python("-c", "from pip._internal.models.index import PyPI; print(PyPI.simple_url)")
+    )
 
-    return PyPI.simple_url
+
+def _python(*args: str) -> str:
+    try:
+        return subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, timeout=60
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
 
 
 @functools.cache
