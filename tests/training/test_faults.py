@@ -100,20 +100,28 @@ def test_divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint(
 
 def test_resume_after_sigkill_reproduces_the_uninterrupted_run(corpus: Path, tmp_path: Path) -> None:
     # With dropout, every step draws from torch's random generator: the resumed run matches only
-    # if the checkpoint carried the generator's state and nothing else drew from it since.
-    dropout = ["--model.gpt.dropout", "0.1"]
+    # if the checkpoint carried the generator's state and nothing else drew from it since. 20
+    # steps, validated and saved at 10, killed at 13.
+    dropout = [
+        "--model.gpt.dropout",
+        "0.1",
+        "--trainer.max_steps",
+        "20",
+        "--trainer.val_check_interval",
+        "10",
+    ]
     straight = run_script(
         "train.py", *tiny_args(corpus, tmp_path / "straight", *dropout), cwd=tmp_path, env=ENV
     )
     assert straight.returncode == 0, straight.stderr[-2000:]
 
-    crash_args = [*dropout, f"--trainer.callbacks+={FAULTS}.SignalAt", "--trainer.callbacks.step=27"]
+    crash_args = [*dropout, f"--trainer.callbacks+={FAULTS}.SignalAt", "--trainer.callbacks.step=13"]
     crashed = run_script(
         "train.py", *tiny_args(corpus, tmp_path / "crashed", *crash_args), cwd=tmp_path, env=ENV
     )
     assert crashed.returncode == -signal.SIGKILL
     assert (
-        torch.load(tmp_path / "crashed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 20
+        torch.load(tmp_path / "crashed" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 10
     )
 
     resumed = run_script(

@@ -190,9 +190,10 @@ def test_the_wandb_api_key_never_reaches_logs_or_saved_configs(corpus: Path, tmp
             "WANDB_BASE_URL": server,
             "NETRC": str(tmp_path / "no-netrc"),
         }
-        result = run_script(
-            "train.py", *tiny_args(corpus, tmp_path / "run"), cwd=tmp_path, env=env, timeout=120
+        args = tiny_args(
+            corpus, tmp_path / "run", "--trainer.max_steps", "10", "--trainer.val_check_interval", "5"
         )
+        result = run_script("train.py", *args, cwd=tmp_path, env=env, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert secret not in result.stdout + result.stderr
