@@ -18,6 +18,7 @@ batch whose mask or attention scores cannot fit in the machine's memory is refus
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections.abc import Callable
@@ -53,6 +54,7 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> torch.Te
     return mask
 
 
+@functools.cache  # asked at every explicit attention call: the answer does not change
 def device_memory(device: torch.device) -> int | None:
     """Bytes of memory `device` has in all (None where that cannot be known, e.g. "meta")."""
     if device.type == "cuda":
