@@ -251,6 +251,18 @@ def fetch_from_hub(name: str) -> Path:
 # -- writing ----------------------------------------------------------------------------------------
 
 
+def gpt2_cannot_compute(config: GPTConfig) -> list[str]:
+    """What of `config` no GPT-2 setting of transformers computes (empty: exportable)."""
+    reasons = {
+        "rotary position embeddings": config.position_embedding != "learned",
+        "normalised queries and keys (qk_norm)": config.qk_norm,
+        "RMSNorm": config.norm != "layernorm",
+        "the squared-ReLU MLP": config.activation != "gelu",
+        "soft-capped logits": config.logit_softcap is not None,
+    }
+    return [reason for reason, applies in reasons.items() if applies]
+
+
 def hf_config(config: GPTConfig, eot_id: int | None) -> dict[str, Any]:
     """GPT-2's `config.json` for a model of `config`: the function our model computes, in
     transformers' settings (exact GELU is "gelu", an untied head `tie_word_embeddings: false`)."""
@@ -313,6 +325,12 @@ def save_huggingface(model: GPT, tokenizer: Tokenizer, folder: str | Path, *, re
     built beside it and renamed). Returns a line about the tokenizer files."""
     folder = Path(folder)
     config = model.config
+    missing = gpt2_cannot_compute(config)
+    if missing:
+        raise CheckpointError(
+            f"cannot export to GPT-2's layout: the model uses {', '.join(missing)}, which transformers' "
+            "GPT2LMHeadModel does not compute; export it as safetensors instead"
+        )
     staging = folder.with_name(f".{folder.name}.partial")  # a killed export's leftovers go first
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

@@ -27,6 +27,12 @@ SHAPE_SETTINGS = (
     "tie_weights",
     "gelu_approximate",
     "layer_norm_eps",
+    "position_embedding",
+    "rope_base",
+    "qk_norm",
+    "norm",
+    "activation",
+    "logit_softcap",
 )
 """Settings the weights fix: their parameters' shapes, and the functions they were trained with."""
 

@@ -129,6 +129,27 @@ class KVCache:
         return self.keys[:, :, :end], self.values[:, :, :end]
 
 
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE, Su et al. 2021): each pair of a head's channels is rotated
+    by an angle proportional to the position, so a query-key dot product depends on how far apart
+    the two tokens are. One instance serves every layer; its tables are not saved."""
+
+    def __init__(self, head_dim: int, context_length: int, base: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hs/2,)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float32), inv_freq)  # (T, hs/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """`x` (B, nh, T, hs) at positions start, start + 1, ..., rotated."""
+        t = x.shape[2]
+        cos = self.cos[start : start + t].to(x.dtype)
+        sin = self.sin[start : start + t].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
 class MultiHeadAttention(nn.Module):
     """Causal self-attention with `num_heads` heads of size `d_out // num_heads`.
 
@@ -145,7 +166,12 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bool = False,
         proj_bias: bool = True,
         attention: str = "auto",
+        *,
+        qk_norm: bool = False,
+        rotary: RotaryEmbedding | None = None,
     ) -> None:
+        """The first six arguments are the reference text's. `qk_norm` normalises queries and
+        keys per head (RMS, no gain); `rotary` rotates them by position (RoPE)."""
         super().__init__()
         if d_out % num_heads:
             raise ValueError(f"d_out ({d_out}) must be divisible by num_heads ({num_heads})")
@@ -161,6 +187,8 @@ class MultiHeadAttention(nn.Module):
         self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
         self.out_proj = nn.Linear(d_out, d_out, bias=proj_bias)
         self.dropout = nn.Dropout(dropout)
+        self.qk_norm = qk_norm
+        self.rotary = rotary
         # True above the diagonal = "may not look here". Boolean and non-persistent: it costs no
         # checkpoint space, needs no cast per forward, and a checkpoint still loads when the
         # context length changes. Shared with every other layer of this context length.
@@ -217,11 +245,16 @@ class MultiHeadAttention(nn.Module):
         queries, keys, values = self._project(x)
 
         past = kv_cache.length if kv_cache is not None else 0
-        if kv_cache is not None:
-            keys, values = kv_cache.append(keys, values)
         total = past + t
         if total > self.mask.shape[0]:
             raise ValueError(f"sequence of {total} tokens exceeds context length {self.mask.shape[0]}")
+        if self.qk_norm:
+            queries = F.rms_norm(queries, (self.head_dim,))
+            keys = F.rms_norm(keys, (self.head_dim,))
+        if self.rotary is not None:  # before caching: a cached key keeps its position's rotation
+            queries, keys = self.rotary(queries, past), self.rotary(keys, past)
+        if kv_cache is not None:
+            keys, values = kv_cache.append(keys, values)
 
         if return_weights or not self._use_sdpa(x):
             context, weights = self._explicit_attention(queries, keys, values, past)

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from .attention import ATTENTION_PATHS
 
 GELU_APPROXIMATIONS = ("none", "tanh")
+POSITION_EMBEDDINGS = ("learned", "rope")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "relu2")
 
 
 class ConfigError(ValueError):
@@ -41,6 +44,23 @@ class GPTConfig:
     """The MLP's GELU: "none" computes it exactly (with erf, as nanoGPT does), "tanh" with GPT-2's
     approximation, for GPT-2's own weights. The two differ by under 1e-3; on CPU the exact one is
     the faster of the two (benchmarks/RESULTS.md)."""
+    position_embedding: str = "learned"
+    """"learned": GPT-2's table of position vectors added to the token embeddings; "rope": rotary
+    embeddings that rotate each head's queries and keys by their position (no table)."""
+    rope_base: float = 10000.0
+    """rope only: the base of the rotation frequencies."""
+    qk_norm: bool = False
+    """Normalise each head's queries and keys (RMS, no gain) before their dot product, which keeps
+    attention logits bounded at high learning rates."""
+    norm: str = "layernorm"
+    """The blocks' and final normalisation: "layernorm" (GPT-2) or "rmsnorm" (no centring, no bias)."""
+    activation: str = "gelu"
+    """The MLP's nonlinearity: "gelu" (GPT-2; see gelu_approximate) or "relu2", the squared ReLU."""
+    zero_init_proj: bool = False
+    """Start the blocks' output projections (attention and MLP) at zero, so each block begins as
+    the identity, instead of GPT-2's scaled normal init."""
+    logit_softcap: float | None = None
+    """Squash the logits into (-cap, cap) with cap * tanh(logits / cap); None: raw logits."""
     attention: str = "auto"
     """How attention is computed: "sdpa" (PyTorch's fused kernels), "explicit" (the textbook
     matmul-mask-softmax-matmul) or "auto" (SDPA on GPUs; explicit on CPU, where it trains faster,
@@ -66,6 +86,21 @@ class GPTConfig:
             )
         if not self.layer_norm_eps > 0:
             raise ConfigError(f"model layer_norm_eps must be positive, got {self.layer_norm_eps}")
+        for name, allowed in (
+            ("position_embedding", POSITION_EMBEDDINGS),
+            ("norm", NORMS),
+            ("activation", ACTIVATIONS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"model {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
+        if self.position_embedding == "rope" and self.head_size % 2:
+            raise ConfigError(f"model position_embedding rope needs an even head size, got {self.head_size}")
+        if self.rope_base <= 1:
+            raise ConfigError(f"model rope_base must be > 1, got {self.rope_base}")
+        if self.logit_softcap is not None and self.logit_softcap <= 0:
+            raise ConfigError(f"model logit_softcap must be positive or null, got {self.logit_softcap}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model dropout must be in [0, 1), got {self.dropout}")
 

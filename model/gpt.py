@@ -11,17 +11,34 @@ import math
 import torch
 from torch import nn
 
-from .attention import KVCache, MultiHeadAttention, check_fits
+from .attention import KVCache, MultiHeadAttention, RotaryEmbedding, check_fits
 from .config import GPTConfig
 
 
+def norm(config: GPTConfig) -> nn.Module:
+    """The normalisation `config.norm` names, over the residual width."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=config.layer_norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+
+
+class SquaredReLU(nn.Module):
+    """relu(x)^2 (So et al. 2021, "Primer"), the speedrun community's MLP nonlinearity."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x).square()
+
+
 class MLP(nn.Module):
-    """Position-wise feed-forward: n_embd -> 4 n_embd -> GELU -> n_embd."""
+    """Position-wise feed-forward: n_embd -> 4 n_embd -> GELU (or squared ReLU) -> n_embd."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate=config.gelu_approximate)
+        if config.activation == "relu2":
+            self.gelu = SquaredReLU()  # the attribute keeps GPT-2's name whatever it computes
+        else:
+            self.gelu = nn.GELU(approximate=config.gelu_approximate)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -31,9 +48,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """x + attn(ln(x)), then x + mlp(ln(x)); dropout on each residual branch."""
 
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.ln_1 = norm(config)
         self.attn = MultiHeadAttention(
             d_in=config.n_embd,
             d_out=config.n_embd,
@@ -43,8 +60,10 @@ class Block(nn.Module):
             qkv_bias=config.qkv_bias,
             proj_bias=config.bias,
             attention=config.attention,
+            qk_norm=config.qk_norm,
+            rotary=rotary,
         )
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias)
+        self.ln_2 = norm(config)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
@@ -63,11 +82,12 @@ class Block(nn.Module):
 def parameter_count(config: GPTConfig) -> int:
     """Parameters of `GPT(config)` (tied embeddings counted once), without building it."""
     c, bias = config.n_embd, int(config.bias)
-    layer_norm = c * (1 + bias)
+    layer_norm = c * (1 + (bias if config.norm == "layernorm" else 0))
     attention = 4 * c * c + 3 * c * int(config.qkv_bias) + c * bias
     mlp = 8 * c * c + 5 * c * bias
     block = 2 * layer_norm + attention + mlp
-    embeddings = (config.vocab_size + config.context_length) * c
+    positions = config.context_length if config.position_embedding == "learned" else 0
+    embeddings = (config.vocab_size + positions) * c
     head = 0 if config.tie_weights else config.vocab_size * c
     return embeddings + config.n_layer * block + layer_norm + head
 
@@ -90,25 +110,32 @@ class GPT(nn.Module):
             f"context_length {config.context_length}: a network of {n / 1e6:,.0f}M parameters",
         )
         self.config = config
-        self.transformer = nn.ModuleDict(
-            dict(
-                wte=nn.Embedding(config.vocab_size, config.n_embd),
-                wpe=nn.Embedding(config.context_length, config.n_embd),
-                drop=nn.Dropout(config.dropout),
-                h=nn.ModuleList(Block(config) for _ in range(config.n_layer)),
-                ln_f=nn.LayerNorm(config.n_embd, eps=config.layer_norm_eps, bias=config.bias),
-            )
+        rotary = None
+        layers = dict(wte=nn.Embedding(config.vocab_size, config.n_embd))
+        if config.position_embedding == "learned":
+            layers["wpe"] = nn.Embedding(config.context_length, config.n_embd)
+        else:  # one table of rotations for every layer
+            rotary = RotaryEmbedding(config.head_size, config.context_length, config.rope_base)
+        layers |= dict(
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList(Block(config, rotary) for _ in range(config.n_layer)),
+            ln_f=norm(config),
         )
+        self.transformer = nn.ModuleDict(layers)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
         self.apply(self._init_weights)
         # Each block adds two projections into the residual stream; scaling them keeps its
         # variance from growing with depth (GPT-2 paper, section 2.3).
+        # With zero_init_proj they start at zero instead: every block begins as the identity.
         residual_std = 0.02 / math.sqrt(2 * config.n_layer)
         for block in self.transformer.h:
-            nn.init.normal_(block.attn.out_proj.weight, mean=0.0, std=residual_std)
-            nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=residual_std)
+            for proj in (block.attn.out_proj, block.mlp.c_proj):
+                if config.zero_init_proj:
+                    nn.init.zeros_(proj.weight)
+                else:
+                    nn.init.normal_(proj.weight, mean=0.0, std=residual_std)
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -122,7 +149,9 @@ class GPT(nn.Module):
     def num_parameters(self, non_embedding: bool = True) -> int:
         """Parameter count; by default without position embeddings (tied token embeddings count once)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.transformer.wpe.weight.numel() if non_embedding else n
+        if non_embedding and "wpe" in self.transformer:
+            n -= self.transformer.wpe.weight.numel()
+        return n
 
     def features(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
         """Final hidden states (B, T, n_embd), before the LM head.
@@ -142,11 +171,22 @@ class GPT(nn.Module):
             raise ValueError(
                 f"sequence of {start + t} tokens exceeds context length {self.config.context_length}"
             )
-        pos = torch.arange(start, start + t, device=idx.device)  # (T,)
-        return self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = self.transformer.wte(idx)
+        if "wpe" in self.transformer:  # with rotary embeddings, attention applies the positions
+            x = x + self.transformer.wpe(torch.arange(start, start + t, device=idx.device))
+        return self.transformer.drop(x)
 
     def forward(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
-        return self.lm_head(self.features(idx, kv_caches))  # (B, T, V)
+        return self.head(self.features(idx, kv_caches))  # (B, T, V)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits (..., V) of hidden states (..., n_embd): the LM head, then the soft cap if set."""
+        return self.cap_logits(self.lm_head(hidden))
+
+    def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logit_softcap * tanh(logits / logit_softcap)`; the logits as they are without a cap."""
+        cap = self.config.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:

@@ -7,10 +7,15 @@ from typing import Any
 
 from minigpt.model import ConfigError, check_sampling
 
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "wsd")
+
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with linear warmup and cosine decay to `min_lr` over `trainer.max_steps`."""
+    """The optimizer (AdamW, or Muon for the blocks' matrices with AdamW for the rest) and the
+    learning-rate schedule over `trainer.max_steps`: linear warmup, then cosine decay or
+    warmup-stable-decay to `min_lr`."""
 
     lr: float = 1e-3
     """Peak learning rate, reached after `warmup_steps`."""
@@ -28,6 +33,19 @@ class OptimConfig:
     """Clip the global gradient norm to this value before each step (None: no clipping)."""
     fused: bool = True
     """Use PyTorch's fused AdamW kernel where the device supports it (much faster on CPU and CUDA)."""
+    optimizer: str = "adamw"
+    """"adamw" for every parameter, or "muon": `torch.optim.Muon` (momentum orthogonalised by
+    Newton-Schulz) for the blocks' weight matrices, AdamW (`lr`) for embeddings, head, gains and biases."""
+    muon_lr: float = 0.02
+    """Muon's peak learning rate (scaled per matrix shape as in Keller Jordan's implementation);
+    follows the same schedule as `lr`."""
+    muon_momentum: float = 0.95
+    """Muon's Nesterov momentum."""
+    schedule: str = "cosine"
+    """"cosine": after warmup, cosine decay to `min_lr`; "wsd" (warmup-stable-decay): `lr` held
+    until the last `decay_fraction` of the steps, then a linear decay to `min_lr`."""
+    decay_fraction: float = 0.2
+    """wsd only: the share of the steps spent decaying (1.0 with min_lr 0: linear decay to zero)."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0:
@@ -40,6 +58,18 @@ class OptimConfig:
             raise ConfigError(f"optim weight_decay must be >= 0, got {self.weight_decay}")
         if self.grad_clip is not None and self.grad_clip <= 0:
             raise ConfigError(f"optim grad_clip must be positive or null, got {self.grad_clip}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(
+                f"optim optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}"
+            )
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"optim schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if not 0 < self.decay_fraction <= 1:
+            raise ConfigError(f"optim decay_fraction must be in (0, 1], got {self.decay_fraction}")
+        if self.muon_lr <= 0:
+            raise ConfigError(f"optim muon_lr must be positive, got {self.muon_lr}")
+        if not 0 <= self.muon_momentum < 1:
+            raise ConfigError(f"optim muon_momentum must be in [0, 1), got {self.muon_momentum}")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"optim {name} must be in [0, 1), got {getattr(self, name)}")

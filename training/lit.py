@@ -63,6 +63,10 @@ class LitGPT(L.LightningModule):
             }
         )
         self.init_from = init_from
+        if fused_loss and gpt.logit_softcap is not None:
+            raise ConfigError(
+                "model fused_loss computes raw logits; it cannot be combined with logit_softcap"
+            )
         self.fused_loss = fused_loss
         self._compile = compile
         self._features: Any = None
@@ -117,7 +121,7 @@ class LitGPT(L.LightningModule):
         hidden = self._features(x)
         if self.fused_loss:
             return fused_linear_cross_entropy(hidden, self.model.lm_head.weight, y)
-        return next_token_loss(self.model.lm_head(hidden), y)
+        return next_token_loss(self.model.head(hidden), y)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -189,10 +193,19 @@ SHAPE_KEYS = (
     "qkv_bias",
     "bias",
     "tie_weights",
+    "position_embedding",
+    "norm",
 )
 """GPTConfig fields that change the parameters; the others (dropout) may differ on resume."""
 
-FUNCTION_KEYS = ("gelu_approximate", "layer_norm_eps")
+FUNCTION_KEYS = (
+    "gelu_approximate",
+    "layer_norm_eps",
+    "rope_base",
+    "qk_norm",
+    "activation",
+    "logit_softcap",
+)
 """GPTConfig fields that change what the parameters compute, so a resume must keep them."""
 
 

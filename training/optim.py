@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -10,26 +12,80 @@ from torch import nn
 from .config import OptimConfig
 
 
-def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.AdamW:
-    """AdamW that decays matrices and embeddings (dim >= 2) but not biases or LayerNorm gains."""
-    params = [p for p in model.parameters() if p.requires_grad]  # tied weights appear once
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
+def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW that decays matrices and embeddings (dim >= 2) but not biases or LayerNorm gains; with
+    `optimizer: muon`, the blocks' weight matrices go to Muon instead (`MuonWithAdamW`)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights appear once
+    matrices = [p for n, p in named if config.optimizer == "muon" and _in_blocks(n) and p.dim() == 2]
+    chosen = {id(p) for p in matrices}
+    rest = [p for _, p in named if id(p) not in chosen]
     groups = [
-        {"params": decay, "weight_decay": config.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]
-    device = params[0].device
+    device = named[0][1].device
     fused = config.fused and device.type in ("cpu", "cuda")
-    return torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), fused=fused)
+    adamw = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), fused=fused)
+    if not matrices:
+        return adamw
+    muon = torch.optim.Muon(
+        matrices,
+        lr=config.muon_lr,
+        weight_decay=config.weight_decay,
+        momentum=config.muon_momentum,
+        adjust_lr_fn="original",
+    )
+    return MuonWithAdamW(muon, adamw)
+
+
+def _in_blocks(name: str) -> bool:
+    return name.startswith("transformer.h.")
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """Two optimizers stepped as one, so Lightning's automatic optimisation, gradient
+    accumulation, the learning-rate scheduler and checkpoints treat them as a single optimizer.
+
+    `param_groups` are the two optimizers' own group dicts (Muon's first), so a scheduler that
+    scales each group's lr reaches both; the state dict holds both optimizers' state dicts.
+    """
+
+    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer) -> None:
+        self.muon, self.adamw = muon, adamw
+        super().__init__(muon.param_groups + adamw.param_groups, defaults={})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.muon.step()
+        self.adamw.step()
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.muon.load_state_dict(state_dict["muon"])
+        self.adamw.load_state_dict(state_dict["adamw"])
 
 
 def lr_at(step: int, config: OptimConfig, total_steps: int) -> float:
-    """Learning rate at optimizer step `step`: linear warmup, then cosine decay to min_lr."""
+    """Learning rate at optimizer step `step`: linear warmup, then cosine decay to min_lr, or
+    (schedule "wsd") constant until the last `decay_fraction` of the steps, then linear to min_lr."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / (config.warmup_steps + 1)
     if step >= total_steps:
         return config.min_lr
+    if config.schedule == "wsd":
+        decay_start = total_steps - max(1, round(config.decay_fraction * total_steps))
+        decay_start = max(decay_start, config.warmup_steps)
+        if step < decay_start:
+            return config.lr
+        progress = (step - decay_start) / max(1, total_steps - decay_start)
+        return config.lr + progress * (config.min_lr - config.lr)
     progress = (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps)
     return config.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (config.lr - config.min_lr)
 
