@@ -3,9 +3,9 @@
 trained for the same wall-clock budget through `train.py`, scored by validation loss.
 
 Every variant is `train.py --config <config>` plus its overrides, with the same data, seed and
-budget. A short calibration run of the baseline measures its steps per second; every variant
-then gets `max_steps` = budget x that rate, so its schedule (warmup, decay) fits the budget, and
-Lightning's `max_time` as the hard limit, so a lever that slows a step loses its last steps (and
+budget. A calibration run of the baseline against the clock alone counts the steps the budget
+holds; every variant then gets that many `max_steps`, so its schedule (warmup, decay) fits the
+budget, and Lightning's `max_time` as the hard limit, so a lever that slows a step loses its last steps (and
 its decay) rather than getting extra time. The score is the validation loss train.py logs at the
 end, over the whole validation split; tokens/s is the run's median.
 
@@ -126,18 +126,15 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="minigpt-ablation-") as tmp:
         work = Path(tmp)
+        # The baseline, run against the clock alone, says how many steps the budget holds.
         calib = train(
-            args, work, "calibration", ["--trainer.max_steps", "60", "--trainer.val_check_interval", "60"]
+            args,
+            work,
+            "calibration",
+            ["--trainer.max_steps", "1000000", "--trainer.max_time", max_time(args.budget)],
         )
-        # The first steps include warm-up costs; the median tokens/s is the steady rate.
-        step_tokens = None
-        with open(work / "calibration" / "csv" / "version_0" / "metrics.csv", newline="") as f:
-            step_tokens = max(float(r["tokens_seen"]) for r in csv.DictReader(f) if r.get("tokens_seen")) / 60
-        steps = int(args.budget * calib["tokens_per_s"] / step_tokens)
-        log(
-            f"calibration: {calib['tokens_per_s']:.0f} tokens/s, {step_tokens:.0f} tokens per step: "
-            f"{steps} steps"
-        )
+        steps = int(calib["steps"])
+        log(f"calibration: {steps} steps in {args.budget:.0f} s")
         results: dict[str, list[dict[str, float]]] = {}
         for variant in variants:
             for seed in seeds:
