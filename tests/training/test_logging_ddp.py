@@ -36,7 +36,18 @@ def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) ->
     env = {"WANDB_MODE": None, "WANDB_API_KEY": None, "NETRC": str(tmp_path / "no-netrc")}
     result = run_script(
         "train.py",
-        *tiny_args(corpus, tmp_path / "run", "--trainer.logger.mode", "auto"),
+        *tiny_args(
+            corpus,
+            tmp_path / "run",
+            *(
+                "--trainer.logger.mode",
+                "auto",
+                "--trainer.max_steps",
+                "10",
+                "--trainer.val_check_interval",
+                "5",
+            ),
+        ),
         cwd=tmp_path,
         env=env,
     )
@@ -62,7 +73,7 @@ def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) ->
     assert len(tables) == 2, "one samples table per validation"
     table = max(tables, key=lambda t: len(t["data"]))
     assert table["columns"] == ["step", "text"]
-    assert [row[0] for row in table["data"]] == [20, 40]
+    assert [row[0] for row in table["data"]] == [5, 10]
     assert (tmp_path / "run" / "csv").is_dir()  # CSV always runs beside wandb
 
 
