@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from minigpt.cli.train import train_main
+from minigpt.model import attention
 
 from .conftest import tiny_args
 
@@ -56,6 +57,26 @@ def test_bad_datasets(make, message: str, tmp_path: Path, capsys: pytest.Capture
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+def test_a_context_longer_than_the_machine_can_hold_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whatever this machine's memory, make it 1 GB: the 40 GB mask of context 200,000 cannot fit.
+    monkeypatch.setattr(attention, "device_memory", lambda device: 10**9)
+    text = _write(tmp_path / "long.txt", b"To be, or not to be: that is the question.\n" * 10_000)
+    args = [
+        "--data.config.val_fraction",
+        "0.5",
+        "--model.gpt.context_length",
+        "200000",
+    ]  # 215k tokens a split
+    assert train_main(tiny_args(text, tmp_path / "run", *args)) == 2
+    assert one_error_line(capsys) == (
+        "error: model context_length 200000: its 200000 x 200000 attention mask needs 40.0 GB, "
+        "more than this machine's cpu memory (1.0 GB)"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_unsafe_yaml_tags_are_refused_not_executed(
