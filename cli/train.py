@@ -190,15 +190,21 @@ def train_main(args: Sequence[str] | None = None) -> int:
         check_output_dir(out_dir, cli.config.ckpt_path)
         if cli.config.ckpt_path is not None:
             cli.model.init_from = None  # a resumed run takes its weights from the checkpoint
-        cli.trainer.fit(
-            cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path, weights_only=True
-        )
+        try:
+            cli.trainer.fit(
+                cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path, weights_only=True
+            )
+        except SystemExit:
+            if (code := _stopped_at_once(cli.trainer)) is None:
+                raise
+            return code
     except USER_ERRORS as err:
         return report(err)
     except DivergenceError as err:
-        last = out_dir / "checkpoints" / "last.ckpt"
-        kept = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was written"
-        print(f"error: training diverged: {err}; {kept}", file=sys.stderr)
+        if cli.trainer.is_global_zero:  # every rank raises it; one reports it
+            last = out_dir / "checkpoints" / "last.ckpt"
+            kept = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was written"
+            print(f"error: training diverged: {err}; {kept}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted before training started", file=sys.stderr)
@@ -213,6 +219,21 @@ def train_main(args: Sequence[str] | None = None) -> int:
             )
         return 128 + stopper.received
     return 0
+
+
+def _stopped_at_once(trainer: L.Trainer) -> int | None:
+    """The exit code of a run that a second signal stopped in mid-step; None for any other exit.
+
+    SaveAndStopOnSignal turns a second SIGINT or SIGTERM into KeyboardInterrupt, which Lightning
+    answers by shutting down and calling sys.exit(1), as if the run had failed.
+    """
+    stopper = next((c for c in trainer.callbacks if isinstance(c, SaveAndStopOnSignal)), None)
+    if stopper is None or stopper.received is None or not trainer.interrupted:
+        return None
+    if trainer.is_global_zero:
+        name = signal.Signals(stopper.received).name
+        print(f"stopped at once by a second {name}: the step in progress was not saved", file=sys.stderr)
+    return 128 + stopper.received
 
 
 class _NoAdvertising(logging.Filter):

@@ -57,7 +57,10 @@ class SampleText(L.Callback):
             stop_token=tokenizer.eot_id,
             generator=torch.Generator(device=pl_module.device).manual_seed(cfg.seed),
         )
-        text = cfg.prompt + tokenizer.decode(out[0, prompt.shape[1] :].tolist())
+        new = out[0, prompt.shape[1] :].tolist()
+        if tokenizer.eot_id in new:  # the sample ends where the model ended the document
+            new = new[: new.index(tokenizer.eot_id)]
+        text = cfg.prompt + tokenizer.decode(new)
         pl_module.print(f"\n--- sample at step {trainer.global_step} ---\n{text}\n---")
         self.rows.append([trainer.global_step, text])
         run_dir = Path(trainer.default_root_dir)
