@@ -17,7 +17,41 @@ from .errors import CheckpointError
 MODEL_KEY = "minigpt"
 """Where a checkpoint (or safetensors metadata) holds the description."""
 
-LEGACY_SETTINGS = {"gelu_approximate": "tanh"}
+PARAMETER_SETTINGS = (
+    "vocab_size",
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "qkv_bias",
+    "bias",
+    "tie_weights",
+    "position_embedding",
+    "norm",
+)
+"""GPTConfig fields that decide which parameters exist and their shapes (with context_length,
+which sizes the learned position table)."""
+
+FUNCTION_SETTINGS = (
+    "gelu_approximate",
+    "layer_norm_eps",
+    "rope_base",
+    "qk_norm",
+    "activation",
+    "logit_softcap",
+)
+"""GPTConfig fields that change what the parameters compute; weights trained with them need them."""
+
+LEGACY_SETTINGS = {
+    "gelu_approximate": "tanh",
+    "layer_norm_eps": 1e-5,
+    "position_embedding": "learned",
+    "rope_base": 10000.0,
+    "qk_norm": False,
+    "norm": "layernorm",
+    "activation": "gelu",
+    "zero_init_proj": False,
+    "logit_softcap": None,
+}
 """Settings that descriptions written before they existed lack, with the values those models
 were built with."""
 

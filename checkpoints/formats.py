@@ -8,14 +8,12 @@ way to put the weights into a built `GPT`. To add a format, write a class with `
 from __future__ import annotations
 
 import json
-import pickle
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model as load_safetensors_into
 from torch import nn
@@ -24,6 +22,7 @@ from .convert import from_lightning
 from .description import MODEL_KEY, read_description
 from .errors import CheckpointError
 from .huggingface import HUB_NAME, fetch_from_hub, hf_weights_loader, is_gpt2_folder, read_hf_description
+from .pickled import load_tensors_only
 
 
 @dataclass(frozen=True)
@@ -69,17 +68,9 @@ class LightningCheckpoint:
 
     def open(self, path: Path) -> ModelFile:
         check_readable(path)
-        try:
-            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as err:
-            reason = str(err).splitlines()[0]
-            raise CheckpointError(
-                f"refusing to load {path}: it holds objects other than tensors ({reason})"
-            ) from None
-        except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
-            raise CheckpointError(
-                f"cannot read checkpoint {path}: truncated or not a PyTorch checkpoint ({err})"
-            ) from None
+        checkpoint = load_tensors_only(
+            path, f"cannot read checkpoint {path}: truncated or not a PyTorch checkpoint"
+        )
         if not isinstance(checkpoint, dict) or MODEL_KEY not in checkpoint or "state_dict" not in checkpoint:
             raise CheckpointError(f"{path} is not a minigpt checkpoint")
         state = from_lightning(checkpoint["state_dict"])

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import re
 import shutil
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from .convert import from_hf_gpt2, hf_gpt2_parameters, to_hf_gpt2
 from .description import describe
 from .errors import CheckpointError
 from .hf_tokenizer import VOCAB_FILE, gpt2_ranks_from_vocabulary, write_gpt2_vocabulary
+from .pickled import load_tensors_only
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
@@ -167,15 +166,7 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"cannot read the weights in {folder}: {one_line(err)}") from None
     if (folder / PICKLE_FILE).is_file():
         path = folder / PICKLE_FILE
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as err:
-            reason = str(err).splitlines()[0]
-            raise CheckpointError(
-                f"refusing to load {path}: it holds objects other than tensors ({reason})"
-            ) from None
-        except (RuntimeError, EOFError, zipfile.BadZipFile, OSError) as err:
-            raise CheckpointError(f"cannot read {path}: {one_line(err)}") from None
+        state = load_tensors_only(path, f"cannot read {path}")
         if not isinstance(state, dict):
             raise CheckpointError(f"{path} is not a state dict")
         return state

@@ -13,27 +13,11 @@ from typing import Any
 
 from minigpt.model import GPT, ConfigError, GPTConfig
 
-from .description import read_description
+from .description import FUNCTION_SETTINGS, PARAMETER_SETTINGS, read_description
 from .formats import ModelFile, open_model_file
 from .load import load_weights
 
-SHAPE_SETTINGS = (
-    "vocab_size",
-    "n_layer",
-    "n_head",
-    "n_embd",
-    "qkv_bias",
-    "bias",
-    "tie_weights",
-    "gelu_approximate",
-    "layer_norm_eps",
-    "position_embedding",
-    "rope_base",
-    "qk_norm",
-    "norm",
-    "activation",
-    "logit_softcap",
-)
+SHAPE_SETTINGS = PARAMETER_SETTINGS + FUNCTION_SETTINGS
 """Settings the weights fix: their parameters' shapes, and the functions they were trained with."""
 
 

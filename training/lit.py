@@ -16,7 +16,7 @@ import lightning as L
 import torch
 
 from minigpt.checkpoints import MODEL_KEY, describe
-from minigpt.checkpoints.description import with_legacy_settings
+from minigpt.checkpoints.description import FUNCTION_SETTINGS, PARAMETER_SETTINGS, with_legacy_settings
 from minigpt.checkpoints.pretrained import load_pretrained, open_pretrained
 from minigpt.model import GPT, ConfigError, GPTConfig
 
@@ -184,28 +184,10 @@ class LitGPT(L.LightningModule):
                 )
 
 
-SHAPE_KEYS = (
-    "vocab_size",
-    "context_length",
-    "n_layer",
-    "n_head",
-    "n_embd",
-    "qkv_bias",
-    "bias",
-    "tie_weights",
-    "position_embedding",
-    "norm",
-)
+SHAPE_KEYS = ("context_length", *PARAMETER_SETTINGS)
 """GPTConfig fields that change the parameters; the others (dropout) may differ on resume."""
 
-FUNCTION_KEYS = (
-    "gelu_approximate",
-    "layer_norm_eps",
-    "rope_base",
-    "qk_norm",
-    "activation",
-    "logit_softcap",
-)
+FUNCTION_KEYS = FUNCTION_SETTINGS
 """GPTConfig fields that change what the parameters compute, so a resume must keep them."""
 
 

@@ -108,3 +108,13 @@ def test_a_malicious_pickle_is_refused_and_never_runs(model: GPT, tmp_path: Path
     with pytest.raises(CheckpointError, match="refusing to load"):
         load_model(path)
     assert not marker.exists()
+
+
+def test_a_description_older_than_every_optional_setting_reads_as_what_was_built() -> None:
+    from minigpt.checkpoints.description import with_legacy_settings
+
+    # The fields descriptions had before gelu_approximate and the later options existed.
+    first = ("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "dropout", "qkv_bias", "bias")
+    built = asdict(GPTConfig(vocab_size=27, gelu_approximate="tanh"))
+    old = {k: v for k, v in built.items() if k in (*first, "tie_weights", "attention")}
+    assert with_legacy_settings(old) == built
