@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from quality import log, max_time
+
 ROOT = Path(__file__).resolve().parents[1]
 
 VARIANTS: dict[str, list[str]] = {
@@ -47,15 +49,6 @@ VARIANTS: dict[str, list[str]] = {
     "lr_x2": ["--model.optim.lr", "4e-3", "--model.optim.min_lr", "4e-4"],
 }
 """Each lever alone, as command-line overrides of the config."""
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def max_time(seconds: float) -> str:
-    s = int(round(seconds))
-    return f"{s // 86400:02d}:{s // 3600 % 24:02d}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def overrides(variant: str) -> list[str]:

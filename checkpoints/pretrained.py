@@ -56,19 +56,19 @@ def pretrained_config(weights: GPTConfig, ours: GPTConfig, given: set[str], sour
     return replace(weights, context_length=context_length, dropout=ours.dropout, attention=ours.attention)
 
 
-def load_pretrained(model: GPT, source: str | Path) -> None:
-    """Copy the weights `source` names into `model` (built with `pretrained_config`), cropping the
-    position table to the model's context.
+def load_pretrained(model: GPT, model_file: ModelFile, config: GPTConfig) -> None:
+    """Copy the weights of `model_file` (trained with `config`, as `open_pretrained` returns them)
+    into `model` (built with `pretrained_config`), cropping the position table to its context.
 
     Raises:
         CheckpointError: The file is unusable or its weights do not fit the model.
     """
-    model_file, config, _ = open_pretrained(source)
     if config.context_length == model.config.context_length:
         load_weights(model_file, model)
         return
     full = GPT(replace(config, attention=model.config.attention))
     load_weights(model_file, full)
     state = full.state_dict()
-    state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: model.config.context_length]
+    if "transformer.wpe.weight" in state:  # rotary models have no position table
+        state["transformer.wpe.weight"] = state["transformer.wpe.weight"][: model.config.context_length]
     model.load_state_dict(state)

@@ -94,14 +94,14 @@ class LitGPT(L.LightningModule):
         self.tokenizer_spec = tokenizer.spec()
         self.model = GPT(self.gpt_config)
         if self.init_from is not None:
-            _, _, spec = open_pretrained(self.init_from)
+            model_file, weights, spec = open_pretrained(self.init_from)
             if spec != self.tokenizer_spec:
                 raise ConfigError(
                     f"the weights of {self.init_from} read {spec['name']} token ids, but this run's data is "
                     f"tokenized with {self.tokenizer_spec['name']}"
                     + (" (a vocabulary built from other text)" if spec["name"] == tokenizer.name else "")
                 )
-            load_pretrained(self.model, self.init_from)
+            load_pretrained(self.model, model_file, weights)
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.optim_config)

@@ -141,22 +141,21 @@ def test_two_process_ddp_on_cpu(corpus: Path, tmp_path: Path) -> None:
         assert logged == pytest.approx((mine + theirs) / 2, abs=1e-5)
 
 
-def test_sigterm_to_one_rank_saves_and_stops_every_rank(corpus: Path, tmp_path: Path) -> None:
-    ranks = tmp_path / "ranks"
-    signal_rank_1 = [
-        f"--trainer.callbacks+={FAULTS}.SignalAt",
-        "--trainer.callbacks.step=3",
-        f"--trainer.callbacks.signum={int(signal.SIGTERM)}",
-        "--trainer.callbacks.rank=1",
-    ]
+def run_with_fault_on_rank_1(corpus: Path, tmp_path: Path, ranks: Path, fault: str, *init_args: str):
+    """A 2-process run into tmp_path/run with `fault` (from faults.py) striking rank 1 at step 3;
+    it must end without a traceback."""
+    args = [f"--trainer.callbacks+={FAULTS}.{fault}", "--trainer.callbacks.step=3"]
+    args += [f"--trainer.callbacks.{arg}" for arg in init_args] + ["--trainer.callbacks.rank=1"]
     result = run_script(
-        "train.py",
-        *ddp_args(corpus, tmp_path / "run", ranks, *signal_rank_1),
-        cwd=tmp_path,
-        env=ENV,
-        timeout=180,
+        "train.py", *ddp_args(corpus, tmp_path / "run", ranks, *args), cwd=tmp_path, env=ENV, timeout=180
     )
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return result
+
+
+def test_sigterm_to_one_rank_saves_and_stops_every_rank(corpus: Path, tmp_path: Path) -> None:
+    ranks = tmp_path / "ranks"
+    result = run_with_fault_on_rank_1(corpus, tmp_path, ranks, "SignalAt", f"signum={int(signal.SIGTERM)}")
     assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
     assert "stopped by SIGTERM: saved step 4" in result.stderr
     assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
@@ -166,19 +165,7 @@ def test_sigterm_to_one_rank_saves_and_stops_every_rank(corpus: Path, tmp_path: 
 
 def test_divergence_on_one_rank_stops_every_rank(corpus: Path, tmp_path: Path) -> None:
     ranks = tmp_path / "ranks"
-    poison_rank_1 = [
-        f"--trainer.callbacks+={FAULTS}.PoisonWeights",
-        "--trainer.callbacks.step=3",
-        "--trainer.callbacks.rank=1",
-    ]
-    result = run_script(
-        "train.py",
-        *ddp_args(corpus, tmp_path / "run", ranks, *poison_rank_1),
-        cwd=tmp_path,
-        env=ENV,
-        timeout=180,
-    )
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    result = run_with_fault_on_rank_1(corpus, tmp_path, ranks, "PoisonWeights")
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [
