@@ -1,18 +1,25 @@
 #!/usr/bin/env python
-"""Which levers of the modern recipe pay at our shapes: each alone, then combinations, each
-trained for the same wall-clock budget through `train.py`, scored by validation loss.
+"""Which levers of the modern recipe pay at our shapes: each alone, then combinations, each given
+the same wall-clock budget through `train.py`, scored by validation loss.
 
-Every variant is `train.py --config <config>` plus its overrides, with the same data, seed and
-budget. A calibration run of the baseline against the clock alone counts the steps the budget
-holds; every variant then gets that many `max_steps`, so its schedule (warmup, decay) fits the
-budget, and Lightning's `max_time` as the hard limit, so a lever that slows a step loses its last steps (and
-its decay) rather than getting extra time. The score is the validation loss train.py logs at the
-end, over the whole validation split; tokens/s is the run's median.
+Every variant is `train.py --config <config>` plus its overrides, with the same data and seed.
+The budget is the time the baseline (the config as it is) needs for `--steps` steps. A variant
+that makes a step slower gets proportionally fewer steps, so every variant has the same time:
 
-    python benchmarks/ablation.py --config small.yaml --budget 90 --text tinyshakespeare.txt
-    python benchmarks/ablation.py --variants baseline,muon,rope --seeds 1337,1338
+1. **Timing.** One training step (forward, backward, clipping, optimizer) of every variant is
+   timed in this process, with the project's own model, optimizer, bf16 autocast and allocator
+   setting, on random ids. The variants take turns for `--rounds` rounds, so a machine whose
+   speed drifts slows them alike; each variant's speed is its median relative to the baseline's
+   in the same round.
+2. **Training.** Each variant then trains through `train.py` for `--steps` x its relative speed
+   steps, its warmup scaled with them, and validates once at the end on the whole validation
+   split. These runs are deterministic on a CPU: their losses do not depend on how busy the
+   machine was, only the timing does.
 
-Variants are named in VARIANTS below; `a+b` combines two.
+    python benchmarks/ablation.py --config small.yaml --steps 400 --text tinyshakespeare.txt
+    python benchmarks/ablation.py --config char.yaml --variants baseline,muon,rope --seeds 1337,1338
+
+Variants are named in VARIANTS below; `a+b` combines levers. The table gives medians over seeds.
 """
 
 from __future__ import annotations
@@ -20,7 +27,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import math
 import os
 import platform
 import shlex
@@ -30,38 +36,119 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from quality import log, max_time
+import torch
+import yaml
+
+from minigpt.data import DataConfig, prepare
+from minigpt.model import GPT, GPTConfig
+from minigpt.training.allocator import keep_freed_memory
+from minigpt.training.config import OptimConfig
+from minigpt.training.loss import next_token_loss
+from minigpt.training.optim import build_optimizer
+from quality import log
 
 ROOT = Path(__file__).resolve().parents[1]
 
-VARIANTS: dict[str, list[str]] = {
-    "baseline": [],
-    "muon": ["--model.optim.optimizer", "muon"],
-    "rope": ["--model.gpt.position_embedding", "rope"],
-    "qk_norm": ["--model.gpt.qk_norm", "true"],
-    "rmsnorm": ["--model.gpt.norm", "rmsnorm"],
-    "relu2": ["--model.gpt.activation", "relu2"],
-    "zero_init": ["--model.gpt.zero_init_proj", "true"],
-    "softcap": ["--model.gpt.logit_softcap", "30"],
-    "untied": ["--model.gpt.tie_weights", "false"],
-    "wsd": ["--model.optim.schedule", "wsd", "--model.optim.decay_fraction", "0.4"],
-    "lr_x2": ["--model.optim.lr", "4e-3", "--model.optim.min_lr", "4e-4"],
+VARIANTS: dict[str, dict[str, Any]] = {
+    "baseline": {},
+    "muon": {"model.optim.optimizer": "muon"},
+    "muon_ns3": {"model.optim.optimizer": "muon", "model.optim.muon_ns_steps": 3},
+    "rope": {"model.gpt.position_embedding": "rope"},
+    "qk_norm": {"model.gpt.qk_norm": True},
+    "rmsnorm": {"model.gpt.norm": "rmsnorm"},
+    "relu2": {"model.gpt.activation": "relu2"},
+    "zero_init": {"model.gpt.zero_init_proj": True},
+    "softcap": {"model.gpt.logit_softcap": 30.0},
+    "untied": {"model.gpt.tie_weights": False},
+    "wsd": {"model.optim.schedule": "wsd", "model.optim.decay_fraction": 0.4},
+    "linear0": {"model.optim.schedule": "wsd", "model.optim.decay_fraction": 1.0, "model.optim.min_lr": 0.0},
+    "lr_x2": {"model.optim.lr": "x2", "model.optim.min_lr": "x2"},
+    "lr_half": {"model.optim.lr": "x0.5", "model.optim.min_lr": "x0.5"},
+    "muon_lr_x2": {"model.optim.muon_lr": 0.04},
+    "muon_lr_half": {"model.optim.muon_lr": 0.01},
 }
-"""Each lever alone, as command-line overrides of the config."""
+VARIANTS["recipe"] = {  # the levers that paid at small.yaml's shape, together
+    k: v
+    for name in ("muon", "rope", "relu2", "zero_init", "untied", "qk_norm")
+    for k, v in VARIANTS[name].items()
+}
+"""Each lever alone, as dotted settings of the config ("xF": the config's value times F)."""
 
 
-def overrides(variant: str) -> list[str]:
-    out: list[str] = []
+def settings(variant: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The variant's dotted settings, with "xF" factors applied to the config's values."""
+    out: dict[str, Any] = {}
     for name in variant.split("+"):
         if name not in VARIANTS:
             raise SystemExit(f"error: unknown variant {name!r}; known: {', '.join(VARIANTS)}")
-        out += VARIANTS[name]
+        for key, value in VARIANTS[name].items():
+            if isinstance(value, str) and value.startswith("x"):
+                section, field = key.split(".")[1:]
+                default = getattr(OptimConfig(), field)
+                value = float(value[1:]) * float(config["model"].get(section, {}).get(field, default))
+            out[key] = value
     return out
 
 
+def section(config: dict[str, Any], extra: dict[str, Any], name: str) -> dict[str, Any]:
+    """`model.<name>` of the config with the variant's settings for it applied."""
+    values = dict(config["model"].get(name, {}))
+    prefix = f"model.{name}."
+    values.update({k[len(prefix) :]: v for k, v in extra.items() if k.startswith(prefix)})
+    return values
+
+
+# -- 1. timing ------------------------------------------------------------------------------------
+
+
+def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int) -> Any:
+    """A function that runs one training step of the variant and returns its seconds."""
+    gpt = GPT(GPTConfig(**{**section(config, extra, "gpt"), "vocab_size": vocab_size}))
+    optimizer = build_optimizer(gpt, OptimConfig(**section(config, extra, "optim")))
+    batch = config["data"]["config"].get("batch_size", DataConfig.batch_size)
+    ids = torch.randint(vocab_size, (batch, gpt.config.context_length + 1), generator=torch.Generator())
+    x, y = ids[:, :-1], ids[:, 1:]
+
+    def step() -> float:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = next_token_loss(gpt(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+    return step
+
+
+def relative_speeds(
+    config: dict[str, Any], variants: list[str], vocab_size: int, rounds: int, steps: int
+) -> dict[str, float]:
+    """Each variant's steps per second relative to the baseline's.
+
+    A step's time is the fastest of the variant's `rounds` x `steps` timed steps: other work on
+    the machine only ever adds time, so the minimum is the measure least moved by it.
+    """
+    keep_freed_memory()  # as train.py does
+    timers = {v: step_timer(config, settings(v, config), vocab_size) for v in ["baseline", *variants]}
+    for timer in timers.values():
+        timer(), timer()  # warm up: first-touch allocations, oneDNN's kernel choice
+    fastest = dict.fromkeys(timers, float("inf"))
+    for r in range(rounds):
+        for v, timer in timers.items():
+            fastest[v] = min(fastest[v], *(timer() for _ in range(steps)))
+        log(f"[timing] round {r + 1}: baseline {fastest['baseline'] * 1000:.0f} ms/step so far")
+    return {v: fastest["baseline"] / fastest[v] for v in variants}
+
+
+# -- 2. training ----------------------------------------------------------------------------------
+
+
 def train(args: argparse.Namespace, work: Path, name: str, extra: list[str]) -> dict[str, float]:
-    """One train.py run; its steps, median tokens/s, last logged val loss and wall time."""
+    """One train.py run; its steps and the last validation loss it logged."""
     run_dir = work / name
     command = [
         sys.executable,
@@ -76,100 +163,89 @@ def train(args: argparse.Namespace, work: Path, name: str, extra: list[str]) -> 
         str(run_dir),
         "--trainer.enable_progress_bar",
         "false",
-        "--trainer.log_every_n_steps",
-        "5",
         *extra,
     ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     log(f"[{name}] {shlex.join(command[2:])}")
-    start = time.perf_counter()
     with open(work / f"{name}.log", "w") as out:
         result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=work, env=env)
-    wall = time.perf_counter() - start
     if result.returncode != 0:
         raise SystemExit(f"train.py failed for {name} (exit {result.returncode}); see {work / name}.log")
     with open(run_dir / "csv" / "version_0" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    speeds = [float(r["tokens_per_sec"]) for r in rows if r.get("tokens_per_sec")]
     vals = [float(r["val_loss"]) for r in rows if r.get("val_loss")]
-    return {
-        "steps": max(int(r["step"]) for r in rows) + 1,
-        "tokens_per_s": statistics.median(speeds) if speeds else math.nan,
-        "val_loss": vals[-1] if vals else math.nan,
-        "wall_s": wall,
-    }
+    return {"steps": max(int(r["step"]) for r in rows) + 1, "val_loss": vals[-1]}
+
+
+def cli_overrides(extra: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for key, value in extra.items():
+        out += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="small.yaml")
-    p.add_argument(
-        "--text", default=None, help="a UTF-8 text file (default: the built-in Shakespeare corpus)"
-    )
-    p.add_argument("--budget", type=float, default=90.0, help="seconds of training per variant")
+    p.add_argument("--text", default=None, help="a UTF-8 text file (default: the built-in corpus)")
+    p.add_argument("--steps", type=int, default=None, help="the baseline's steps (default: the config's)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; a+b combines levers")
     p.add_argument("--seeds", default="1337", help="comma-separated seeds; the table shows medians")
+    p.add_argument("--rounds", type=int, default=7, help="timing rounds, the variants taking turns")
+    p.add_argument("--timed-steps", type=int, default=5, help="steps timed per variant and round")
+    p.add_argument("--timing-only", action="store_true", help="print the relative speeds and stop")
     p.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     args = p.parse_args()
     args.source = str(Path(args.text).resolve()) if args.text else "shakespeare"
-    variants = args.variants.split(",")
+    config_path = ROOT / "configs" / args.config if not Path(args.config).is_file() else Path(args.config)
+    config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    variants = [v for v in args.variants.split(",") if v]
     for variant in variants:
-        overrides(variant)  # fail on a typo before any training
+        settings(variant, config)  # fail on a typo before any work
     seeds = [int(s) for s in args.seeds.split(",")]
+    full_steps = int(config["trainer"]["max_steps"])
+    base_steps = args.steps or full_steps
+    warmup = int(config["model"].get("optim", {}).get("warmup_steps", OptimConfig.warmup_steps))
 
     with tempfile.TemporaryDirectory(prefix="minigpt-ablation-") as tmp:
         work = Path(tmp)
-        # The baseline, run against the clock alone, says how many steps the budget holds.
-        calib = train(
-            args,
-            work,
-            "calibration",
-            ["--trainer.max_steps", "1000000", "--trainer.max_time", max_time(args.budget)],
-        )
-        steps = int(calib["steps"])
-        log(f"calibration: {steps} steps in {args.budget:.0f} s")
+        data = dict(config["data"]["config"], source=args.source, cache_dir=str(work / "data"))
+        vocab_size = prepare(DataConfig(**data)).tokenizer().n_vocab
+        speed = relative_speeds(config, variants, vocab_size, args.rounds, args.timed_steps)
+        if args.timing_only:
+            print("\n".join(f"{v}: {s:.1%}" for v, s in speed.items()))
+            return
         results: dict[str, list[dict[str, float]]] = {}
         for variant in variants:
+            steps = max(1, round(base_steps * speed[variant]))
             for seed in seeds:
-                extra = [
-                    "--seed_everything",
-                    str(seed),
-                    "--trainer.max_steps",
-                    str(steps),
-                    "--trainer.max_time",
-                    max_time(args.budget),
-                    "--trainer.val_check_interval",
-                    str(steps),
-                    "--model.optim.warmup_steps",
-                    str(max(1, steps // 20)),
-                    *overrides(variant),
-                ]
-                result = train(args, work, f"{variant}-{seed}", extra)
+                extra = {
+                    "seed_everything": seed,
+                    "trainer.max_steps": steps,
+                    "trainer.val_check_interval": steps,
+                    "model.optim.warmup_steps": max(1, round(warmup * steps / full_steps)),
+                    **settings(variant, config),
+                }
+                result = train(args, work, f"{variant}-{seed}", cli_overrides(extra))
                 log(f"[{variant}-{seed}] {result}")
                 results.setdefault(variant, []).append(result)
 
-    base = statistics.median(r["val_loss"] for r in results.get("baseline", [{"val_loss": math.nan}]))
-    base_speed = statistics.median(
-        r["tokens_per_s"] for r in results.get("baseline", [{"tokens_per_s": math.nan}])
-    )
+    base = statistics.median(r["val_loss"] for r in results["baseline"]) if "baseline" in results else None
     lines = [
-        f"`python benchmarks/ablation.py --config {args.config} --budget {args.budget:.0f}"
+        f"`python benchmarks/ablation.py --config {args.config} --steps {base_steps}"
         + (f" --text {Path(args.text).name}" if args.text else "")
         + f" --seeds {args.seeds}`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {steps} steps planned "
-        f"({args.budget:.0f} s at the baseline's rate), warmup 5%, median over {len(seeds)} seed(s)",
+        f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; budget: the baseline's "
+        f"{base_steps} steps; timing {args.rounds} rounds x {args.timed_steps} steps; median over "
+        f"{len(seeds)} seed(s)",
         "",
-        "| variant | steps run | tokens/s (vs baseline) | val loss | vs baseline |",
+        "| variant | step speed vs baseline | steps | val loss | vs baseline |",
         "|---|---|---|---|---|",
     ]
     for variant, runs in results.items():
         loss = statistics.median(r["val_loss"] for r in runs)
-        speed = statistics.median(r["tokens_per_s"] for r in runs)
-        run_steps = statistics.median(r["steps"] for r in runs)
-        lines.append(
-            f"| {variant} | {run_steps:.0f} | {speed:,.0f} ({speed / base_speed:.1%}) | {loss:.3f} | "
-            f"{loss - base:+.3f} |"
-        )
+        delta = f"{loss - base:+.3f}" if base is not None else "-"
+        lines.append(f"| {variant} | {speed[variant]:.1%} | {runs[0]['steps']:.0f} | {loss:.3f} | {delta} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

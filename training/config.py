@@ -41,6 +41,9 @@ class OptimConfig:
     follows the same schedule as `lr`."""
     muon_momentum: float = 0.95
     """Muon's Nesterov momentum."""
+    muon_ns_steps: int = 5
+    """Muon's Newton-Schulz iterations per step (each costs about three matrix products per
+    weight matrix; fewer orthogonalise less exactly)."""
     schedule: str = "cosine"
     """"cosine": after warmup, cosine decay to `min_lr`; "wsd" (warmup-stable-decay): `lr` held
     until the last `decay_fraction` of the steps, then a linear decay to `min_lr`."""
@@ -68,6 +71,8 @@ class OptimConfig:
             raise ConfigError(f"optim decay_fraction must be in (0, 1], got {self.decay_fraction}")
         if self.muon_lr <= 0:
             raise ConfigError(f"optim muon_lr must be positive, got {self.muon_lr}")
+        if not 1 <= self.muon_ns_steps < 100:
+            raise ConfigError(f"optim muon_ns_steps must be in [1, 100), got {self.muon_ns_steps}")
         if not 0 <= self.muon_momentum < 1:
             raise ConfigError(f"optim muon_momentum must be in [0, 1), got {self.muon_momentum}")
         for name in ("beta1", "beta2"):

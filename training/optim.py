@@ -33,6 +33,7 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
         lr=config.muon_lr,
         weight_decay=config.weight_decay,
         momentum=config.muon_momentum,
+        ns_steps=config.muon_ns_steps,
         adjust_lr_fn="original",
     )
     return MuonWithAdamW(muon, adamw)

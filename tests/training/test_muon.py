@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
 
-from minigpt.model import GPT, GPTConfig
+from minigpt.model import GPT, ConfigError, GPTConfig
 from minigpt.training.config import OptimConfig
 from minigpt.training.optim import MuonWithAdamW, build_optimizer, build_scheduler, lr_at
 
@@ -77,3 +78,31 @@ def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction() -> Non
     expected = {0: 0.1, 8: 0.9, 9: 1.0, 50: 1.0, 74: 1.0, 75: 1.0, 80: 0.8, 95: 0.2, 99: 0.04, 100: 0.0}
     for step_index, value in expected.items():
         assert lr_at(step_index, config, 100) == pytest.approx(value), step_index
+
+
+def test_fewer_newton_schulz_steps_orthogonalise_less() -> None:
+    """muon_ns_steps reaches torch's Muon: one step of a lone matrix moves it by lr x the
+    orthogonalised gradient, whose singular values approach 1 with more iterations."""
+    torch.manual_seed(0)
+    grad = torch.randn(32, 16)
+
+    def update(ns_steps: int) -> torch.Tensor:
+        model = torch.nn.Module()
+        model.register_module("transformer", torch.nn.ModuleDict({"h": torch.nn.Linear(16, 32, bias=False)}))
+        weight = model.transformer.h.weight
+        config = OptimConfig(optimizer="muon", muon_lr=1.0, weight_decay=0.0, muon_momentum=0.0)
+        optimizer = build_optimizer(model, dataclasses.replace(config, muon_ns_steps=ns_steps))
+        assert optimizer.muon.param_groups[0]["ns_steps"] == ns_steps
+        before = weight.detach().clone()
+        weight.grad = grad.clone()
+        optimizer.step()
+        return (before - weight.detach()) / (32 / 16) ** 0.5  # "original" scales lr by sqrt(rows/cols)
+
+    spread = {n: torch.linalg.svdvals(update(n).float()) for n in (1, 5)}
+    # One iteration leaves small singular values small; five lift them all into Muon's (0.5, 1.5) band.
+    assert spread[1].min() < 0.5 < spread[5].min() and spread[5].max() < 1.5
+
+
+def test_muon_ns_steps_out_of_range_is_one_line() -> None:
+    with pytest.raises(ConfigError, match="muon_ns_steps must be in"):
+        OptimConfig(muon_ns_steps=0)
