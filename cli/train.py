@@ -15,6 +15,7 @@ import lightning as L
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from minigpt.checkpoints import CheckpointError, check_readable
 from minigpt.checkpoints.pretrained import open_pretrained, pretrained_config
@@ -23,6 +24,7 @@ from minigpt.data import TextDataModule
 from minigpt.model import GPTConfig
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.callbacks import DivergenceError, SaveAndStopOnSignal
+from minigpt.training.global_batch import apply_tokens_per_step, planned_accumulation
 from minigpt.training.lit import LitGPT
 from minigpt.training.precision import resolve_precision
 
@@ -48,6 +50,14 @@ class MiniGPTCLI(LightningCLI):
             default=True,
             help="Let malloc reuse freed memory instead of page-faulting it in every step (glibc; faster).",
         )
+        parser.add_argument(
+            "--tokens_per_step",
+            type=int | None,
+            default=None,
+            help="The global batch: tokens per optimizer step over every process. accumulate_grad_batches "
+            "follows from it, the micro-batch (data.config.batch_size x context) and the number of "
+            "processes, so the optimisation is the same on any number of devices. null: as the trainer says.",
+        )
         parser.link_arguments("model.gpt.context_length", "data.context_length")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -60,7 +70,19 @@ class MiniGPTCLI(LightningCLI):
             use_pretrained_shape(self.config, self.given_gpt_settings())
         if print_config:
             print(parser.dump(self.config, skip_none=False), end="")
+            if self.config.get("tokens_per_step") is not None:
+                print("# " + self.planned_accumulation())
             sys.exit(0)
+
+    def planned_accumulation(self) -> str:
+        config = self.config
+        return planned_accumulation(
+            config.tokens_per_step,
+            config.data.config.batch_size,
+            config.data.context_length,
+            config.trainer.get("devices"),
+            config.trainer.get("num_nodes") or 1,
+        )
 
     def given_gpt_settings(self) -> set[str]:
         """The `model.gpt` settings the config files and command line set (not defaults).
@@ -93,6 +115,26 @@ class MiniGPTCLI(LightningCLI):
             trainer.callbacks = [
                 c for c in _entries(trainer.get("callbacks")) if "ProgressBar" not in c.class_path
             ]
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+            # Lightning checks the devices against SLURM's or torchrun's processes only when it
+            # launches them; here, so that a mismatch is refused before anything starts.
+            environment = getattr(trainer.strategy, "cluster_environment", None)
+            if environment is not None:
+                environment.validate_settings(num_devices=trainer.num_devices, num_nodes=trainer.num_nodes)
+        except (ValueError, MisconfigurationException) as err:
+            # Lightning's checks of the accelerator, strategy, devices and cluster: settings the user
+            # chose, such as FSDP without a GPU, or devices that disagree with SLURM's tasks.
+            raise UsageError(f"trainer: {err}") from None
+        return trainer
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        if (tokens := self.config.get("tokens_per_step")) is not None:
+            data = self.datamodule
+            apply_tokens_per_step(self.trainer, tokens, data.config.batch_size, data.context_length)
 
 
 def use_pretrained_shape(config: Namespace, given: set[str]) -> None:

@@ -92,9 +92,10 @@ class RunSummary(L.Callback):
             ),
             f"data: {data.prepared.meta['source']}, {data.config.tokenizer} tokens: {_tokens(train_tokens)} "
             f"for training, {_tokens(data.prepared.num_tokens('val'))} for validation",
-            f"steps: {trainer.global_step:,} done, {steps:,} in all, {self._tokens_per_step:,} tokens each "
-            f"(batch {data.config.batch_size} x {data.context_length} x {trainer.accumulate_grad_batches} "
-            f"accumulated x {trainer.world_size} processes) = {_tokens(total)} tokens, "
+            f"steps: {trainer.global_step:,} done, {steps:,} in all, global batch {self._tokens_per_step:,} "
+            f"tokens (micro-batch {data.config.batch_size} x {data.context_length} tokens x "
+            f"{trainer.accumulate_grad_batches} accumulated x {trainer.world_size} "
+            f"{'process' if trainer.world_size == 1 else 'processes'}) = {_tokens(total)} tokens, "
             f"{total / max(train_tokens, 1):.1f} passes over the training tokens",
             f"compute: {flops / 1e6:.1f} MFLOPs per token, {flops * total / 1e15:.2f} PFLOPs in all; "
             f"{trainer.precision} on {pl_module.device.type}",
