@@ -43,7 +43,8 @@ def apply_tokens_per_step(
     built (devices x num_nodes, or what torchrun or SLURM say).
 
     An accumulation the config also sets is accepted only where it agrees: Lightning's default of 1
-    means "not set".
+    means "not set". Lightning counts an int `val_check_interval` in batches, not optimizer steps;
+    it is scaled by the accumulation, so validation falls on the same steps on any number of devices.
     """
     world_size = trainer.world_size
     accumulate = accumulation_for(tokens_per_step, batch_size, context_length, world_size)
@@ -55,6 +56,8 @@ def apply_tokens_per_step(
             f"{_processes(world_size)}: set only one of them"
         )
     trainer.accumulate_grad_batches = accumulate
+    if isinstance(trainer.val_check_interval, int):
+        trainer.val_check_interval *= accumulate
 
 
 def planned_accumulation(

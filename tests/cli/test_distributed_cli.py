@@ -53,6 +53,8 @@ def test_tokens_per_step_sets_the_accumulation_for_the_number_of_processes(
     )
     assert cli.trainer.world_size == int(devices)
     assert cli.trainer.accumulate_grad_batches == accumulate
+    # Lightning counts val_check_interval in batches: validation stays every 20 optimizer steps.
+    assert cli.trainer.val_check_interval == 20 * accumulate
 
 
 def test_without_tokens_per_step_the_accumulation_is_the_configs(cluster: pytest.MonkeyPatch) -> None:
