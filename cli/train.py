@@ -15,6 +15,7 @@ import lightning as L
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from minigpt.checkpoints import CheckpointError, check_readable
@@ -132,6 +133,12 @@ class MiniGPTCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
+        if isinstance(self.trainer.strategy, FSDPStrategy | ModelParallelStrategy):
+            if self.model.optim_config.optimizer == "muon":
+                raise UsageError(
+                    "model.optim.optimizer muon orthogonalises whole weight matrices, which FSDP shards "
+                    "over the processes: use adamw with FSDP, or DDP with muon"
+                )
         if (tokens := self.config.get("tokens_per_step")) is not None:
             data = self.datamodule
             apply_tokens_per_step(self.trainer, tokens, data.config.batch_size, data.context_length)

@@ -12,6 +12,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from minigpt.common import duration
+from minigpt.model.gpt import parameter_count
 
 from .flops import training_flops_per_token
 from .throughput import tokens_per_step
@@ -80,7 +81,7 @@ class RunSummary(L.Callback):
         steps = trainer.estimated_stepping_batches
         total = steps * self._tokens_per_step
         train_tokens = data.prepared.num_tokens("train")
-        params = pl_module.model.num_parameters(non_embedding=False)
+        params = parameter_count(config)  # from the shape: under FSDP this rank holds a shard
         flops = training_flops_per_token(config)
         lines = [
             f"model: {config.n_layer} layers x {config.n_head} heads x {config.n_embd} wide, context "

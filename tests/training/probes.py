@@ -11,6 +11,9 @@ import lightning as L
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies.fsdp import _setup_activation_checkpointing
+from torch.distributed.fsdp import FullyShardedDataParallel
 
 from minigpt.training.callbacks import AtomicCheckpointIO
 
@@ -97,3 +100,25 @@ class RecordSaves(AtomicCheckpointIO):
         self.folder.mkdir(parents=True, exist_ok=True)
         with open(self.folder / f"saves-rank{rank}.txt", "a") as f:
             f.write(f"{Path(path).name}\n")
+
+
+class CPUFSDPStrategy(FSDPStrategy):
+    """Lightning's FSDPStrategy on CPU processes (gloo), to test what runs around it without a GPU.
+
+    Lightning refuses `FSDPStrategy` without a GPU (an exact type check, which this subclass
+    passes), and hands FSDP `device_id=None` on CPU, which PyTorch's FSDP refuses ("FSDP needs a
+    non-CPU accelerator device"); given the CPU device explicitly, it runs. Everything else,
+    wrapping, activation checkpointing and sharded checkpoints, is Lightning's own.
+    """
+
+    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        model = FullyShardedDataParallel(
+            module=model,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=torch.device("cpu"),
+            **self.kwargs,
+        )
+        _setup_activation_checkpointing(model, self._activation_checkpointing_kwargs)
+        return model
