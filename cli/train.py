@@ -20,6 +20,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from minigpt.checkpoints import CheckpointError, check_readable
 from minigpt.checkpoints.pretrained import open_pretrained, pretrained_config
+from minigpt.checkpoints.sharded import is_sharded_checkpoint
 from minigpt.common import UsageError
 from minigpt.data import TextDataModule
 from minigpt.model import GPTConfig
@@ -139,6 +140,11 @@ class MiniGPTCLI(LightningCLI):
                     "model.optim.optimizer muon orthogonalises whole weight matrices, which FSDP shards "
                     "over the processes: use adamw with FSDP, or DDP with muon"
                 )
+            if self.model.optim_config.weight_decay:
+                logging.getLogger("minigpt").warning(
+                    "under FSDP no parameter is weight-decayed: the optimizer's groups (decay where "
+                    "p.dim() >= 2) see FSDP's flat 1-D shards"
+                )
         if (tokens := self.config.get("tokens_per_step")) is not None:
             data = self.datamodule
             apply_tokens_per_step(self.trainer, tokens, data.config.batch_size, data.context_length)
@@ -199,11 +205,15 @@ def check_output_dir(out_dir: Path, ckpt_path: str | None) -> None:
             "or choose another --trainer.default_root_dir"
         )
     if ckpt_path == "last":
-        if not (checkpoints / "last.ckpt").is_file():
-            raise UsageError(f"--ckpt_path last: there is no {checkpoints / 'last.ckpt'} to resume from")
-        check_readable(checkpoints / "last.ckpt")
+        last = checkpoints / "last.ckpt"
+        if not (last.is_file() or is_sharded_checkpoint(last)):
+            raise UsageError(f"--ckpt_path last: there is no {last} to resume from")
+        if last.is_file():
+            check_readable(last)
     elif ckpt_path is not None:
         path = Path(ckpt_path)
+        if is_sharded_checkpoint(path):  # FSDP's folder of shards
+            return
         if not path.is_file():
             raise CheckpointError(f"checkpoint not found: {ckpt_path}")
         check_readable(path)
