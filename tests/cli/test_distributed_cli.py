@@ -10,6 +10,7 @@ import pytest
 import yaml
 from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.fabric.utilities import rank_zero as fabric_rank_zero
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.fsdp import ShardingStrategy
 
@@ -111,6 +112,9 @@ class BuildStrategyOnly(MiniGPTCLI):
 
     def instantiate_trainer(self, **kwargs):
         self.strategy = self.config_init.trainer.strategy
+
+    def instantiate_classes(self) -> None:
+        LightningCLI.instantiate_classes(self)  # without the checks that need a Trainer
 
 
 @pytest.mark.parametrize("name", ["gpt2-medium.yaml", "gpt2-large.yaml"])
