@@ -23,6 +23,7 @@ from .description import MODEL_KEY, read_description
 from .errors import CheckpointError
 from .huggingface import HUB_NAME, fetch_from_hub, hf_weights_loader, is_gpt2_folder, read_hf_description
 from .pickled import load_tensors_only
+from .sharded import ShardedCheckpoint, is_sharded_checkpoint
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,12 @@ class HuggingFaceGPT2:
         return ModelFile(path, description, hf_weights_loader(path, config))
 
 
-FORMATS: tuple[ModelFormat, ...] = (HuggingFaceGPT2(), SafetensorsWeights(), LightningCheckpoint())
+FORMATS: tuple[ModelFormat, ...] = (
+    HuggingFaceGPT2(),
+    SafetensorsWeights(),
+    LightningCheckpoint(),
+    ShardedCheckpoint(),
+)
 """Every format, tried in order; the first that recognizes a path reads it."""
 
 
@@ -124,9 +130,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
         return path
     if not path.exists() and HUB_NAME.fullmatch(name) and path.suffix not in (".ckpt", ".safetensors"):
         return fetch_from_hub(name)
+    if is_sharded_checkpoint(path):
+        return path
     if path.is_dir():
         for candidate in (path / "checkpoints" / "best.ckpt", path / "checkpoints" / "last.ckpt"):
-            if candidate.is_file():
+            if candidate.is_file() or is_sharded_checkpoint(candidate):
                 return candidate
         raise CheckpointError(
             f"no checkpoint in run directory {path} (expected checkpoints/best.ckpt or last.ckpt)"

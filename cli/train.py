@@ -15,14 +15,18 @@ import lightning as L
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from minigpt.checkpoints import CheckpointError, check_readable
 from minigpt.checkpoints.pretrained import open_pretrained, pretrained_config
+from minigpt.checkpoints.sharded import is_sharded_checkpoint
 from minigpt.common import UsageError
 from minigpt.data import TextDataModule
 from minigpt.model import GPTConfig
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.callbacks import DivergenceError, SaveAndStopOnSignal
+from minigpt.training.global_batch import apply_tokens_per_step, planned_accumulation
 from minigpt.training.lit import LitGPT
 from minigpt.training.precision import resolve_precision
 
@@ -48,6 +52,14 @@ class MiniGPTCLI(LightningCLI):
             default=True,
             help="Let malloc reuse freed memory instead of page-faulting it in every step (glibc; faster).",
         )
+        parser.add_argument(
+            "--tokens_per_step",
+            type=int | None,
+            default=None,
+            help="The global batch: tokens per optimizer step over every process. accumulate_grad_batches "
+            "follows from it, the micro-batch (data.config.batch_size x context) and the number of "
+            "processes, so the optimisation is the same on any number of devices. null: as the trainer says.",
+        )
         parser.link_arguments("model.gpt.context_length", "data.context_length")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -60,7 +72,19 @@ class MiniGPTCLI(LightningCLI):
             use_pretrained_shape(self.config, self.given_gpt_settings())
         if print_config:
             print(parser.dump(self.config, skip_none=False), end="")
+            if self.config.get("tokens_per_step") is not None:
+                print("# " + self.planned_accumulation())
             sys.exit(0)
+
+    def planned_accumulation(self) -> str:
+        config = self.config
+        return planned_accumulation(
+            config.tokens_per_step,
+            config.data.config.batch_size,
+            config.data.context_length,
+            config.trainer.get("devices"),
+            config.trainer.get("num_nodes") or 1,
+        )
 
     def given_gpt_settings(self) -> set[str]:
         """The `model.gpt` settings the config files and command line set (not defaults).
@@ -93,6 +117,37 @@ class MiniGPTCLI(LightningCLI):
             trainer.callbacks = [
                 c for c in _entries(trainer.get("callbacks")) if "ProgressBar" not in c.class_path
             ]
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+            # Lightning checks the devices against SLURM's or torchrun's processes only when it
+            # launches them; here, so that a mismatch is refused before anything starts.
+            environment = getattr(trainer.strategy, "cluster_environment", None)
+            if environment is not None:
+                environment.validate_settings(num_devices=trainer.num_devices, num_nodes=trainer.num_nodes)
+        except (ValueError, MisconfigurationException) as err:
+            # Lightning's checks of the accelerator, strategy, devices and cluster: settings the user
+            # chose, such as FSDP without a GPU, or devices that disagree with SLURM's tasks.
+            raise UsageError(f"trainer: {err}") from None
+        return trainer
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        if isinstance(self.trainer.strategy, FSDPStrategy | ModelParallelStrategy):
+            if self.model.optim_config.optimizer == "muon":
+                raise UsageError(
+                    "model.optim.optimizer muon orthogonalises whole weight matrices, which FSDP shards "
+                    "over the processes: use adamw with FSDP, or DDP with muon"
+                )
+            if self.model.optim_config.weight_decay:
+                logging.getLogger("minigpt").warning(
+                    "under FSDP no parameter is weight-decayed: the optimizer's groups (decay where "
+                    "p.dim() >= 2) see FSDP's flat 1-D shards"
+                )
+        if (tokens := self.config.get("tokens_per_step")) is not None:
+            data = self.datamodule
+            apply_tokens_per_step(self.trainer, tokens, data.config.batch_size, data.context_length)
 
 
 def use_pretrained_shape(config: Namespace, given: set[str]) -> None:
@@ -150,11 +205,15 @@ def check_output_dir(out_dir: Path, ckpt_path: str | None) -> None:
             "or choose another --trainer.default_root_dir"
         )
     if ckpt_path == "last":
-        if not (checkpoints / "last.ckpt").is_file():
-            raise UsageError(f"--ckpt_path last: there is no {checkpoints / 'last.ckpt'} to resume from")
-        check_readable(checkpoints / "last.ckpt")
+        last = checkpoints / "last.ckpt"
+        if not (last.is_file() or is_sharded_checkpoint(last)):
+            raise UsageError(f"--ckpt_path last: there is no {last} to resume from")
+        if last.is_file():
+            check_readable(last)
     elif ckpt_path is not None:
         path = Path(ckpt_path)
+        if is_sharded_checkpoint(path):  # FSDP's folder of shards
+            return
         if not path.is_file():
             raise CheckpointError(f"checkpoint not found: {ckpt_path}")
         check_readable(path)

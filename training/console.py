@@ -12,6 +12,7 @@ import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from minigpt.common import duration
+from minigpt.model.gpt import parameter_count
 
 from .flops import training_flops_per_token
 from .throughput import tokens_per_step
@@ -80,7 +81,7 @@ class RunSummary(L.Callback):
         steps = trainer.estimated_stepping_batches
         total = steps * self._tokens_per_step
         train_tokens = data.prepared.num_tokens("train")
-        params = pl_module.model.num_parameters(non_embedding=False)
+        params = parameter_count(config)  # from the shape: under FSDP this rank holds a shard
         flops = training_flops_per_token(config)
         lines = [
             f"model: {config.n_layer} layers x {config.n_head} heads x {config.n_embd} wide, context "
@@ -92,9 +93,10 @@ class RunSummary(L.Callback):
             ),
             f"data: {data.prepared.meta['source']}, {data.config.tokenizer} tokens: {_tokens(train_tokens)} "
             f"for training, {_tokens(data.prepared.num_tokens('val'))} for validation",
-            f"steps: {trainer.global_step:,} done, {steps:,} in all, {self._tokens_per_step:,} tokens each "
-            f"(batch {data.config.batch_size} x {data.context_length} x {trainer.accumulate_grad_batches} "
-            f"accumulated x {trainer.world_size} processes) = {_tokens(total)} tokens, "
+            f"steps: {trainer.global_step:,} done, {steps:,} in all, global batch {self._tokens_per_step:,} "
+            f"tokens (micro-batch {data.config.batch_size} x {data.context_length} tokens x "
+            f"{trainer.accumulate_grad_batches} accumulated x {trainer.world_size} "
+            f"{'process' if trainer.world_size == 1 else 'processes'}) = {_tokens(total)} tokens, "
             f"{total / max(train_tokens, 1):.1f} passes over the training tokens",
             f"compute: {flops / 1e6:.1f} MFLOPs per token, {flops * total / 1e15:.2f} PFLOPs in all; "
             f"{trainer.precision} on {pl_module.device.type}",

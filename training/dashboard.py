@@ -10,9 +10,10 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.loggers import WandbLogger
+from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
 from minigpt.common import atomic_write
-from minigpt.model import generate
+from minigpt.model import GPT, generate
 from minigpt.viz.attention import attention_figures, figure_to_png
 from minigpt.viz.report import write_run_report
 
@@ -25,11 +26,32 @@ SAMPLES_FILE = "samples.jsonl"
 """In the run folder: one {"step": ..., "text": ...} object per line, one line per sample."""
 
 
+def whole_model(trainer: L.Trainer, pl_module: L.LightningModule) -> GPT | None:
+    """The network with all its weights on rank 0, None on the other ranks. Every rank must call it.
+
+    Under FSDP each rank holds a shard of every weight: the weights are gathered, through FSDP's
+    full state dict, into a plain copy of the network (rank 0 only, one block at a time).
+    """
+    root = trainer.strategy.model
+    if not isinstance(root, FullyShardedDataParallel):
+        return pl_module.model if trainer.is_global_zero else None
+    # Off the GPU as they arrive; on CPU processes there is nowhere to offload to, and PyTorch
+    # 2.13's FSDP crashes (SIGSEGV) cloning the gathered weights if asked to.
+    options = FullStateDictConfig(offload_to_cpu=pl_module.device.type != "cpu", rank0_only=True)
+    with FullyShardedDataParallel.state_dict_type(root, StateDictType.FULL_STATE_DICT, options):
+        state = root.state_dict()
+    if not trainer.is_global_zero:
+        return None
+    model = GPT(pl_module.model.config)
+    model.load_state_dict({key.removeprefix("model."): value for key, value in state.items()})
+    return model.to(pl_module.device).eval()
+
+
 class SampleText(L.Callback):
     """Generates a sample after every validation: printed, appended to `samples.jsonl` in the run
     folder, and logged to wandb as a table that grows by one row each time.
 
-    Runs on rank 0 only, with its own seeded generator, so samples from different steps differ
+    Generates on rank 0 only, with its own seeded generator, so samples from different steps differ
     only by what the model learned.
     """
 
@@ -43,9 +65,12 @@ class SampleText(L.Callback):
         """(step, text) of every sample so far."""
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or not self.sample.max_new_tokens or not trainer.is_global_zero:
+        if trainer.sanity_checking or not self.sample.max_new_tokens:
             return
-        cfg, model = self.sample, pl_module.model
+        model = whole_model(trainer, pl_module)
+        if model is None:  # not rank 0
+            return
+        cfg = self.sample
         tokenizer = trainer.datamodule.tokenizer
         prompt_ids = tokenizer.encode(cfg.prompt) or [tokenizer.eot_id or 0]
         prompt = torch.tensor([prompt_ids[-model.config.context_length :]], device=pl_module.device)
@@ -77,7 +102,7 @@ class AttentionMaps(L.Callback):
 
     The latest maps are kept as `<run>/attention/layer{i}.png` (the run report shows them) and
     logged to wandb as images, so the dashboard shows how the heads change as the model learns.
-    Runs on rank 0 only.
+    Draws on rank 0 only.
     """
 
     def __init__(self, prompt: str = "ROMEO:\nWhat light through yonder window breaks?") -> None:
@@ -88,9 +113,12 @@ class AttentionMaps(L.Callback):
         self.prompt = prompt
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or not trainer.is_global_zero:
+        if trainer.sanity_checking:
             return
-        figures = attention_figures(pl_module.model, trainer.datamodule.tokenizer, self.prompt)
+        model = whole_model(trainer, pl_module)
+        if model is None:  # not rank 0
+            return
+        figures = attention_figures(model, trainer.datamodule.tokenizer, self.prompt)
         folder = Path(trainer.default_root_dir) / ATTENTION_DIR
         folder.mkdir(parents=True, exist_ok=True)
         paths = []

@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from torch.distributed.fsdp import FullyShardedDataParallel
 
 from minigpt.checkpoints import MODEL_KEY, describe
 from minigpt.checkpoints.description import FUNCTION_SETTINGS, PARAMETER_SETTINGS, with_legacy_settings
@@ -133,9 +134,14 @@ class LitGPT(L.LightningModule):
         # Clipping here rather than through Trainer(gradient_clip_val=...): Lightning refuses that
         # with fused AdamW under mixed precision, although bf16 needs no gradient unscaling.
         if self.optim_config.grad_clip is not None:
-            self.grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), self.optim_config.grad_clip
-            )
+            root = self.trainer.strategy.model
+            if isinstance(root, FullyShardedDataParallel):
+                # Each rank holds a shard of the gradients: FSDP's own clipping takes the norm of all.
+                self.grad_norm = root.clip_grad_norm_(self.optim_config.grad_clip)
+            else:
+                self.grad_norm = torch.nn.utils.clip_grad_norm_(
+                    self.model.parameters(), self.optim_config.grad_clip
+                )
             self.log("grad_norm", self.grad_norm)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:

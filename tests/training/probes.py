@@ -1,4 +1,5 @@
-"""A callback that records what each rank of a run saw, added with --trainer.callbacks+=..."""
+"""Callbacks (added with --trainer.callbacks+=...) and a checkpoint writer (--trainer.plugins) that
+record what each rank of a run saw and did."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from lightning.pytorch.strategies import FSDPStrategy
+from lightning.pytorch.strategies.fsdp import _setup_activation_checkpointing
+from torch.distributed.fsdp import FullyShardedDataParallel
+
+from minigpt.training.callbacks import AtomicCheckpointIO
 
 
 class RecordRank(L.Callback):
@@ -51,3 +58,67 @@ class RecordRank(L.Callback):
 
     def teardown(self, trainer, pl_module, stage) -> None:
         self._write(trainer)
+
+
+class RecordStepLoss(L.Callback):
+    """Writes `<folder>/steps.json` from rank 0: the loss of each optimizer step over its whole
+    global batch, the mean over the accumulated micro-batches and over the ranks (Lightning hands
+    callbacks each micro-batch's loss divided by the accumulation)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.losses: list[float] = []
+        self._sum = 0.0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._sum += float(outputs["loss"])
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return
+        step_loss = trainer.strategy.reduce(
+            torch.tensor(self._sum, device=pl_module.device), reduce_op="mean"
+        )
+        self.losses.append(float(step_loss))
+        self._sum = 0.0
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / "steps.json").write_text(json.dumps(self.losses))
+
+
+class RecordSaves(AtomicCheckpointIO):
+    """The project's checkpoint writer, noting in `<folder>/saves-rank<r>.txt` each file it writes
+    on rank r."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__()
+        self.folder = Path(folder)
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None) -> None:
+        super().save_checkpoint(checkpoint, path, storage_options)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with open(self.folder / f"saves-rank{rank}.txt", "a") as f:
+            f.write(f"{Path(path).name}\n")
+
+
+class CPUFSDPStrategy(FSDPStrategy):
+    """Lightning's FSDPStrategy on CPU processes (gloo), to test what runs around it without a GPU.
+
+    Lightning refuses `FSDPStrategy` without a GPU (an exact type check, which this subclass
+    passes), and hands FSDP `device_id=None` on CPU, which PyTorch's FSDP refuses ("FSDP needs a
+    non-CPU accelerator device"); given the CPU device explicitly, it runs. Everything else,
+    wrapping, activation checkpointing and sharded checkpoints, is Lightning's own.
+    """
+
+    def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        model = FullyShardedDataParallel(
+            module=model,
+            cpu_offload=self.cpu_offload,
+            mixed_precision=self.mixed_precision_config,
+            sharding_strategy=self.sharding_strategy,
+            device_id=torch.device("cpu"),
+            **self.kwargs,
+        )
+        _setup_activation_checkpointing(model, self._activation_checkpointing_kwargs)
+        return model

@@ -89,7 +89,10 @@ def test_the_run_summary_says_what_will_happen_and_what_did(
         trainer = fit(tmp_path, corpus, [RunSummary()])
     text = caplog.text
     assert "model: 2 layers x 2 heads x 32 wide, context 16" in text
-    assert "6 in all, 64 tokens each (batch 4 x 16 x 1 accumulated x 1 processes) = 384 tokens" in text
+    assert (
+        "6 in all, global batch 64 tokens (micro-batch 4 x 16 tokens x 1 accumulated x 1 process) "
+        "= 384 tokens" in text
+    )
     best = float(trainer.checkpoint_callback.best_model_score)
     assert "done: 6 steps, 384 tokens in" in text and f"best val loss {best:.3f}" in text
 
