@@ -137,9 +137,10 @@ def relative_speeds(
     for timer in timers.values():
         timer(), timer()  # warm up: first-touch allocations, oneDNN's kernel choice
     fastest = dict.fromkeys(timers, float("inf"))
+    order = list(timers)
     for r in range(rounds):
-        for v, timer in timers.items():
-            fastest[v] = min(fastest[v], *(timer() for _ in range(steps)))
+        for v in order[r % len(order) :] + order[: r % len(order)]:  # each round starts elsewhere
+            fastest[v] = min(fastest[v], *(timers[v]() for _ in range(steps)))
         log(f"[timing] round {r + 1}: baseline {fastest['baseline'] * 1000:.0f} ms/step so far")
     return {v: fastest["baseline"] / fastest[v] for v in variants}
 
@@ -193,6 +194,9 @@ def main() -> None:
     p.add_argument("--seeds", default="1337", help="comma-separated seeds; the table shows medians")
     p.add_argument("--rounds", type=int, default=7, help="timing rounds, the variants taking turns")
     p.add_argument("--timed-steps", type=int, default=5, help="steps timed per variant and round")
+    p.add_argument(
+        "--speeds", default=None, help="skip the timing: variant=speed,... as a timing run printed"
+    )
     p.add_argument("--timing-only", action="store_true", help="print the relative speeds and stop")
     p.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     args = p.parse_args()
@@ -211,7 +215,13 @@ def main() -> None:
         work = Path(tmp)
         data = dict(config["data"]["config"], source=args.source, cache_dir=str(work / "data"))
         vocab_size = prepare(DataConfig(**data)).tokenizer().n_vocab
-        speed = relative_speeds(config, variants, vocab_size, args.rounds, args.timed_steps)
+        if args.speeds:
+            speed = {
+                "baseline": 1.0,
+                **{k: float(v) for k, v in (x.split("=") for x in args.speeds.split(","))},
+            }
+        else:
+            speed = relative_speeds(config, variants, vocab_size, args.rounds, args.timed_steps)
         if args.timing_only:
             print("\n".join(f"{v}: {s:.1%}" for v, s in speed.items()))
             return
@@ -234,7 +244,9 @@ def main() -> None:
     lines = [
         f"`python benchmarks/ablation.py --config {args.config} --steps {base_steps}"
         + (f" --text {Path(args.text).name}" if args.text else "")
-        + f" --seeds {args.seeds}`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+        + f" --seeds {args.seeds}"
+        + (f" --speeds {args.speeds}" if args.speeds else "")
+        + f"`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; budget: the baseline's "
         f"{base_steps} steps; timing {args.rounds} rounds x {args.timed_steps} steps; median over "
         f"{len(seeds)} seed(s)",

@@ -140,11 +140,6 @@ class MiniGPTCLI(LightningCLI):
                     "model.optim.optimizer muon orthogonalises whole weight matrices, which FSDP shards "
                     "over the processes: use adamw with FSDP, or DDP with muon"
                 )
-            if self.model.optim_config.weight_decay:
-                logging.getLogger("minigpt").warning(
-                    "under FSDP no parameter is weight-decayed: the optimizer's groups (decay where "
-                    "p.dim() >= 2) see FSDP's flat 1-D shards"
-                )
         if (tokens := self.config.get("tokens_per_step")) is not None:
             data = self.datamodule
             apply_tokens_per_step(self.trainer, tokens, data.config.batch_size, data.context_length)

@@ -13,15 +13,16 @@ from .config import OptimConfig
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
-    """AdamW that decays matrices and embeddings (dim >= 2) but not biases or LayerNorm gains; with
+    """AdamW that decays matrices and embeddings but not biases or normalisation gains; with
     `optimizer: muon`, the blocks' weight matrices go to Muon instead (`MuonWithAdamW`)."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights appear once
     matrices = [p for n, p in named if config.optimizer == "muon" and _in_blocks(n) and p.dim() == 2]
     chosen = {id(p) for p in matrices}
     rest = [p for _, p in named if id(p) not in chosen]
+    decayed = _decayed(model)
     groups = [
-        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": config.weight_decay},
-        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for p in rest if id(p) in decayed], "weight_decay": config.weight_decay},
+        {"params": [p for p in rest if id(p) not in decayed], "weight_decay": 0.0},
     ]
     device = named[0][1].device
     fused = config.fused and device.type in ("cpu", "cuda")
@@ -37,6 +38,16 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
         adjust_lr_fn="original",
     )
     return MuonWithAdamW(muon, adamw)
+
+
+def _decayed(model: nn.Module) -> set[int]:
+    """The weights of linear layers and embeddings: the matrices. Chosen by the module that owns
+    them rather than by `p.dim()`, which FSDP's flat 1-D shards would hide."""
+    return {
+        id(m.weight)
+        for m in model.modules()
+        if isinstance(m, nn.Linear | nn.Embedding) and m.weight is not None
+    }
 
 
 def _in_blocks(name: str) -> bool:
