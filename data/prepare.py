@@ -186,6 +186,7 @@ def _build(corpus: Corpus, config: DataConfig, directory: Path) -> None:
         "shards": [{"file": f"shard-{i:05d}.bin", "tokens": n} for i, n in enumerate(progress.shard_tokens)],
         "train_tokens": total - num_val,
         "val_tokens": num_val,
+        "documents": progress.documents,
         "text_bytes": progress.text_bytes,
         "val_fraction": config.val_fraction,
         "max_tokens": config.max_tokens,

@@ -75,6 +75,7 @@ class ShardWriter:
         self._in_shard = 0
         self._stream_end = progress.tokens  # stream position of the end of the written tokens
         self._bytes_end = progress.text_bytes
+        self._documents_end = progress.documents
 
     def _open(self) -> BinaryIO:
         if self._file is None:
@@ -99,6 +100,7 @@ class ShardWriter:
             first_document: Index in the corpus of the batch's first document.
         """
         start_bytes = self._bytes_end
+        self._documents_end = first_document + len(ends)
         self._bytes_end = int(byte_ends[-1]) if len(byte_ends) else start_bytes
         start = self._stream_end
         self._stream_end += len(tokens)
@@ -133,7 +135,7 @@ class ShardWriter:
         if self._file is not None and self._in_shard:
             self._finish_shard(self.progress.documents, self.progress.skip_tokens)
         self.abort()
-        self.progress.text_bytes = self._bytes_end
+        self.progress.text_bytes, self.progress.documents = self._bytes_end, self._documents_end
         self.progress.complete = True
         self.progress.save(self.folder)
 
