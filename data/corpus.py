@@ -177,11 +177,13 @@ def _files_corpus(path: Path, text_column: str, description: str, slug: str) -> 
 
 def _hub_corpus(name: str, text_column: str, split: str, subset: str | None, streaming: bool) -> Corpus:
     label = f"{name!r}" + (f" subset {subset!r}" if subset else "") + f" (split {split!r})"
+    revision = None
     try:
-        dataset = datasets.load_dataset(name, subset, split=split, streaming=streaming)
-        if streaming:
-            # A stream has no content fingerprint; the dataset's revision on the hub names its files.
+        if not huggingface_hub.constants.HF_HUB_OFFLINE:
+            # Asked first because it fails at once, where load_dataset retries for half a minute; and
+            # a stream has no content fingerprint, so the dataset's revision names its files.
             revision = huggingface_hub.HfApi().dataset_info(name).sha
+        dataset = datasets.load_dataset(name, subset, split=split, streaming=streaming)
     except Exception as error:
         raise DataError(
             f"could not load hub dataset {label}: {one_line(error, root_cause=True)};"
