@@ -181,3 +181,20 @@ def test_two_processes_preparing_at_once_build_one_folder(source: Path, tmp_path
     assert [p.name for p in (tmp_path / "c").iterdir() if not p.name.endswith(".lock")] == [
         dirs.pop().split("/")[-1]
     ]
+
+
+@pytest.mark.slow
+def test_an_unreachable_hub_is_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", WANDB_MODE="disabled")  # nothing listens on port 9
+    args = ["--config", "tiny.yaml", "--data.config.source", "nobody/no-such-corpus"]
+    args += ["--data.config.streaming", "true", "--trainer.default_root_dir", str(tmp_path / "run")]
+    repo = Path(__file__).parents[2]
+    result = subprocess.run(
+        [sys.executable, str(repo / "train.py"), *args], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert lines[-1].startswith("error: could not load hub dataset 'nobody/no-such-corpus' (split 'train'):")
+    assert "Connection refused" in lines[-1]
+    assert not (tmp_path / "run" / "checkpoints").exists()
