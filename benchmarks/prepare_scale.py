@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from minigpt.data import DataConfig, load_gpt2_encoding
-from minigpt.data.prepare import _locate
+from minigpt.data.prepare import _locate, partial_folder
 
 FILE_BYTES = 64 << 20  # one .jsonl file per 64 MB of text
 
@@ -112,7 +112,7 @@ def main() -> None:
         print(f"generated {text_bytes / 1e9:.2f} GB in {time.perf_counter() - start:.0f} s", flush=True)
         config = DataConfig(source=str(work / "corpus"), shard_tokens=args.shard_tokens)
         _, directory = _locate(config, work / "cache")
-        partial = directory.parent / f".partial-{directory.name}"
+        partial = partial_folder(directory)
 
         first = prepare_child(work / "corpus", work / "cache", args.shard_tokens)
         status1, seconds1, rss1 = watch(first, partial / "progress.json", int(args.kill_at * text_bytes))

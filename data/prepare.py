@@ -103,17 +103,8 @@ def _tokenize(
         for tokens, ends, byte_ends, first in _token_batches(corpus, encoder, progress, config.max_tokens):
             writer.add(tokens, ends, byte_ends, first)
         writer.close()
-    except OSError as error:
-        writer.abort()
-        if error.errno != errno.ENOSPC:
-            raise
-        raise DataError(
-            f"the disk filled while preparing {corpus.description} in {folder}; the unfinished shard was"
-            f" removed; free some space and run again to resume after shard {len(progress.shard_tokens)}"
-        ) from None
-    except BaseException:
-        writer.abort()
-        raise
+    finally:
+        writer.abort()  # the unfinished shard, if any, is never published
 
 
 def _finalize(config: DataConfig, encoder: Tokenizer, folder: Path, progress: Progress) -> Tokenizer:
@@ -150,11 +141,24 @@ def _finalize(config: DataConfig, encoder: Tokenizer, folder: Path, progress: Pr
     return tokenizer
 
 
+def partial_folder(directory: Path) -> Path:
+    """Where ``directory`` is prepared until it is complete."""
+    return directory.parent / f".partial-{directory.name}"
+
+
 def _build(corpus: Corpus, config: DataConfig, directory: Path) -> None:
     start = time.perf_counter()
-    folder = directory.parent / f".partial-{directory.name}"
+    folder = partial_folder(directory)
     folder.mkdir(parents=True, exist_ok=True)
     progress = Progress.load(folder)
+    finished = [
+        raw_shard(folder, i).is_file() or (folder / f"shard-{i:05d}.bin").is_file()
+        for i in range(len(progress.shard_tokens))
+    ]
+    if not all(finished):  # someone removed finished shards: start over rather than trust the record
+        shutil.rmtree(folder)
+        folder.mkdir()
+        progress = Progress()
     if progress.shard_tokens:
         logger.info(
             "resuming the preparation of %s after shard %d", corpus.description, len(progress.shard_tokens)
@@ -232,7 +236,17 @@ def prepare(
     if not (directory / META_FILE).is_file():
         with exclusive(directory.parent / f".{directory.name}.lock"):
             if not (directory / META_FILE).is_file():  # another process may have finished it meanwhile
-                _build(corpus, config, directory)
+                try:
+                    _build(corpus, config, directory)
+                except OSError as error:
+                    if error.errno != errno.ENOSPC:
+                        raise
+                    partial = partial_folder(directory)
+                    done = len(Progress.load(partial).shard_tokens)
+                    raise DataError(
+                        f"the disk filled while preparing {corpus.description} in {partial}; the unfinished"
+                        f" shard was removed; free some space and run again to resume after shard {done}"
+                    ) from None
     prepared = PreparedData.open(directory)
     if context_length is not None:
         prepared.require(context_length)
