@@ -5,7 +5,8 @@ from .datamodule import TextDataModule
 from .errors import DataError
 from .gpt2_encoding import load_gpt2_encoding
 from .loader import ResumableLoader
-from .prepare import PreparedData, prepare
+from .prepare import open_prepared, prepare
+from .prepared import PreparedData, Segment
 from .tokenizer import (
     BaseTokenizer,
     CharTokenizer,
@@ -27,12 +28,14 @@ __all__ = [
     "GPT2Tokenizer",
     "PreparedData",
     "ResumableLoader",
+    "Segment",
     "TextDataModule",
     "TokenWindows",
     "Tokenizer",
     "TrainWindowSampler",
     "build_tokenizer",
     "load_gpt2_encoding",
+    "open_prepared",
     "prepare",
     "register_tokenizer",
     "tokenizer_from_spec",

@@ -24,16 +24,29 @@ class DataConfig:
     """Column holding the text in .jsonl/.json/.parquet files and hub datasets."""
     split: str = "train"
     """Split of a hub dataset to read; validation text is always carved from it (see val_fraction)."""
+    subset: str | None = None
+    """Named configuration of a hub dataset, e.g. "sample-10BT" of HuggingFaceFW/fineweb."""
+    streaming: bool = False
+    """Stream a hub dataset's documents instead of downloading it whole first (local files are
+    always read document by document)."""
+    max_tokens: int | None = None
+    """Token budget: prepare only the first max_tokens tokens of the corpus (None: all of it)."""
+    shard_tokens: int = 1 << 27
+    """Tokens per prepared shard file (2**27: 256 MB of uint16 ids); an interrupted preparation
+    resumes after its last finished shard."""
     cache_dir: str = "data_cache"
     """Folder for prepared token files; a relative path is relative to the working directory."""
     val_fraction: float = 0.1
     """Share of the token stream, taken from its end, used for validation (0 < val_fraction < 1)."""
+    val_tokens: int | None = 1 << 20
+    """Tokens scored at each validation: fixed windows spread evenly over the validation split, the
+    same in every run (None, or a split smaller than this: the whole split)."""
     batch_size: int = 16
     """Sequences per batch on each device."""
     num_workers: int = 0
     """DataLoader worker processes (0 reads in the training process)."""
-    num_proc: int = 1
-    """Processes used to tokenize the corpus (datasets.map num_proc)."""
+    num_proc: int = 0
+    """Threads that tokenize the corpus (tiktoken's batch encoding); 0 uses every available core."""
     seed: int = 1337
     """Seed for the random training-window offsets."""
 
@@ -49,5 +62,13 @@ class DataConfig:
             raise DataError(f"data.batch_size must be at least 1, got {self.batch_size}")
         if self.num_workers < 0:
             raise DataError(f"data.num_workers must be 0 or more, got {self.num_workers}")
-        if self.num_proc < 1:
-            raise DataError(f"data.num_proc must be at least 1, got {self.num_proc}")
+        if self.num_proc < 0:
+            raise DataError(f"data.num_proc must be 0 or more, got {self.num_proc}")
+        if self.subset is not None and not self.subset:
+            raise DataError("data.subset must be a hub dataset configuration name or null")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise DataError(f"data.max_tokens must be at least 1 or null, got {self.max_tokens}")
+        if self.shard_tokens < 256:
+            raise DataError(f"data.shard_tokens must be at least 256, got {self.shard_tokens}")
+        if self.val_tokens is not None and self.val_tokens < 1:
+            raise DataError(f"data.val_tokens must be at least 1 or null, got {self.val_tokens}")

@@ -1,7 +1,8 @@
 """Turning a ``source`` string into a text corpus: the built-in Shakespeare, local files, or a hub dataset.
 
-All reading goes through Hugging Face ``datasets``; every corpus comes out as a
-:class:`datasets.Dataset` with one string column, ``text``, one row per document.
+All reading goes through Hugging Face ``datasets``, as a stream of documents (an
+``IterableDataset``), so no corpus is ever held in memory or copied whole: local files are read
+lazily, a hub dataset is downloaded first or, with ``streaming``, read over the network.
 
 * ``"shakespeare"``: the built-in corpus (:mod:`minigpt.data.shakespeare`), one document.
 * A ``.txt``, ``.jsonl``, ``.json`` or ``.parquet`` file, or a folder of them (searched recursively).
@@ -20,10 +21,12 @@ import codecs
 import hashlib
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
+import huggingface_hub
 
 from minigpt.common import one_line, sha256_file
 
@@ -48,53 +51,74 @@ class Corpus:
     slug: str
     """File-name-safe short name for the prepared-data folder."""
     fingerprint: str
-    """Changes whenever the text could change: sha256 of local bytes, or the hub dataset's fingerprint."""
+    """Changes whenever the text could change: sha256 of local bytes, or the hub dataset's revision."""
     text_column: str = "text"
     """Column holding the text (ignored for ``.txt`` files, whose column is always ``text``)."""
     files: tuple[Path, ...] = ()
     """Local files, sorted; empty for a hub dataset."""
     builder: str = ""
     """datasets builder for ``files``: ``text``, ``json`` or ``parquet``."""
-    hub_dataset: datasets.Dataset | None = field(default=None, compare=False, repr=False)
-    """The already loaded hub dataset (loading it is how its fingerprint is known)."""
+    hub_dataset: datasets.Dataset | datasets.IterableDataset | None = field(
+        default=None, compare=False, repr=False
+    )
+    """The hub dataset, downloaded (a Dataset) or streamed (an IterableDataset)."""
 
-    def load(self, cache_dir: Path | None = None) -> datasets.Dataset:
-        """The corpus as a Dataset with exactly one string column, ``text``.
+    def _documents(self) -> datasets.IterableDataset:
+        if isinstance(self.hub_dataset, datasets.IterableDataset):
+            return self.hub_dataset
+        if self.hub_dataset is not None:
+            return self.hub_dataset.to_iterable_dataset()
+        # Streaming reads local files lazily, document by document, without an Arrow copy on disk.
+        options = {"sample_by": "document"} if self.builder == "text" else {}
+        files = [str(f) for f in self.files]
+        return datasets.load_dataset(self.builder, data_files=files, split="train", streaming=True, **options)
 
-        Args:
-            cache_dir: Where datasets keeps its Arrow copy of local files.
+    def batches(
+        self, start: int = 0, batch_bytes: int = 1 << 23, batch_size: int = 1000
+    ) -> Iterator[list[str]]:
+        """The documents from the ``start``-th on, in order, as lists of texts of about ``batch_bytes``
+        (or ``batch_size`` documents); only one batch is held in memory. A null text is empty.
 
         Raises:
-            DataError: The files cannot be parsed, the column is missing or not text, or there are no rows.
+            DataError: A file cannot be parsed, the column is missing or not text, or there are no rows.
         """
-        if self.hub_dataset is not None:
-            dataset = self.hub_dataset
-        else:
-            options = {"sample_by": "document"} if self.builder == "text" else {}
-            try:
-                dataset = datasets.load_dataset(
-                    self.builder,
-                    data_files=[str(f) for f in self.files],
-                    split="train",
-                    cache_dir=str(cache_dir) if cache_dir else None,
-                    **options,
-                )
-            except Exception as error:
-                reason = one_line(error, root_cause=True)
-                raise DataError(f"could not read {self.description}: {reason}") from None
         column = "text" if self.builder == "text" else self.text_column
-        if column not in dataset.column_names:
+        seen, batch, size = 0, [], 0
+        try:
+            documents = self._documents()
+            documents = documents.skip(start) if start else documents
+            for row in documents:
+                seen += 1
+                if column not in row:
+                    columns = ", ".join(row)
+                    raise DataError(
+                        f"{self.description} has no column {column!r} (columns: {columns}); set text_column"
+                    )
+                text = row[column]
+                if not isinstance(text, str | None):
+                    raise DataError(
+                        f"column {column!r} of {self.description} holds {type(text).__name__}, not text"
+                    )
+                batch.append(text or "")
+                size += len(batch[-1])
+                if size >= batch_bytes or len(batch) == batch_size:
+                    yield batch
+                    batch, size = [], 0
+        except DataError:
+            raise
+        except Exception as error:
             raise DataError(
-                f"{self.description} has no column {column!r} (columns: {', '.join(dataset.column_names)});"
-                " set text_column"
-            )
-        feature = dataset.features[column]
-        if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
-            raise DataError(f"column {column!r} of {self.description} holds {feature}, not text")
-        if len(dataset) == 0:
+                f"could not read {self.description}: {one_line(error, root_cause=True)}"
+            ) from None
+        if batch:
+            yield batch
+        if seen == 0 and start == 0:
             raise DataError(f"{self.description} has no rows")
-        dataset = dataset.select_columns([column])
-        return dataset.rename_column(column, "text") if column != "text" else dataset
+
+    def texts(self) -> Iterator[str]:
+        """Every document's text, in order (for tokenizers whose vocabulary is read off the corpus)."""
+        for batch in self.batches():
+            yield from batch
 
 
 def _hash_file(path: Path, check_utf8: bool, chunk_size: int = 1 << 22) -> str:
@@ -151,28 +175,43 @@ def _files_corpus(path: Path, text_column: str, description: str, slug: str) -> 
     return Corpus(description, slug, digest.hexdigest(), text_column, files, builder)
 
 
-def _hub_corpus(name: str, text_column: str, split: str) -> Corpus:
+def _hub_corpus(name: str, text_column: str, split: str, subset: str | None, streaming: bool) -> Corpus:
+    label = f"{name!r}" + (f" subset {subset!r}" if subset else "") + f" (split {split!r})"
+    revision = None
     try:
-        dataset = datasets.load_dataset(name, split=split)
+        if not huggingface_hub.constants.HF_HUB_OFFLINE:
+            # Asked first because it fails at once, where load_dataset retries for half a minute; and
+            # a stream has no content fingerprint, so the dataset's revision names its files.
+            revision = huggingface_hub.HfApi().dataset_info(name).sha
+        dataset = datasets.load_dataset(name, subset, split=split, streaming=streaming)
     except Exception as error:
         raise DataError(
-            f"could not load hub dataset {name!r} (split {split!r}): {one_line(error, root_cause=True)};"
+            f"could not load hub dataset {label}: {one_line(error, root_cause=True)};"
             " if you meant a local file or folder, it does not exist"
         ) from None
-    if not isinstance(dataset, datasets.Dataset):
-        raise DataError(f"hub dataset {name!r} split {split!r} did not load as a single table")
-    fingerprint = hashlib.sha256(f"{dataset._fingerprint}\0{text_column}".encode()).hexdigest()
-    slug = re.sub(r"[^\w.-]+", "_", f"{name}-{split}")
-    return Corpus(f"hub dataset {name} ({split})", slug, fingerprint, text_column, hub_dataset=dataset)
+    if not isinstance(dataset, datasets.Dataset | datasets.IterableDataset):
+        raise DataError(f"hub dataset {label} did not load as a single table")
+    content = f"stream\0{name}\0{subset}\0{split}\0{revision}" if streaming else dataset._fingerprint
+    fingerprint = hashlib.sha256(f"{content}\0{text_column}".encode()).hexdigest()
+    slug = re.sub(r"[^\w.-]+", "_", "-".join(p for p in (name, subset, split) if p))
+    return Corpus(f"hub dataset {label}", slug, fingerprint, text_column, hub_dataset=dataset)
 
 
-def resolve_corpus(source: str, text_column: str = "text", split: str = "train") -> Corpus:
+def resolve_corpus(
+    source: str,
+    text_column: str = "text",
+    split: str = "train",
+    subset: str | None = None,
+    streaming: bool = False,
+) -> Corpus:
     """Resolve ``source`` to a :class:`Corpus` without reading local text into memory.
 
     Args:
         source: ``"shakespeare"``, a local file or folder, or a hub dataset name.
         text_column: Column with the text in JSON, parquet and hub datasets.
         split: Split of a hub dataset.
+        subset: Named configuration of a hub dataset.
+        streaming: Stream a hub dataset rather than download it whole.
 
     Raises:
         DataError: The path does not exist, holds no usable files, is not UTF-8, or the hub dataset
@@ -188,4 +227,4 @@ def resolve_corpus(source: str, text_column: str = "text", split: str = "train")
         return _files_corpus(path, text_column, f"local {kind} {path}", slug)
     if Path(source).suffix.lower() in FILE_BUILDERS or not _HUB_NAME.fullmatch(source):
         raise DataError(f"source {source!r} does not exist")
-    return _hub_corpus(source, text_column, split)
+    return _hub_corpus(source, text_column, split, subset, streaming)

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 from .config import DataConfig
 from .errors import DataError
 from .loader import ResumableLoader
-from .prepare import PreparedData, prepare
+from .prepare import PreparedData, open_prepared, prepare
 from .tokenizer import Tokenizer
 from .windows import TokenWindows, TrainWindowSampler, val_offsets
 
@@ -19,8 +19,9 @@ from .windows import TokenWindows, TrainWindowSampler, val_offsets
 class TextDataModule(L.LightningDataModule):
     """Batches of ``(x, y)``, each ``(B, T)`` int64, with ``y`` the next tokens of ``x``.
 
-    ``prepare_data`` tokenizes the corpus once (on one process per node); ``setup`` finds the same
-    prepared files, opens them read-only and builds :attr:`tokenizer`.
+    ``prepare_data`` tokenizes the corpus once (Lightning calls it on one process per node, then
+    makes the others wait); ``setup`` only finds the same prepared files, checks every shard, opens
+    them read-only and builds :attr:`tokenizer`. It never prepares: files missing there are an error.
 
     Training windows start at random offsets drawn from ``(config.seed, epoch)``; there are about
     ``train_tokens / context_length`` of them, so an epoch covers roughly the corpus once. The
@@ -31,8 +32,9 @@ class TextDataModule(L.LightningDataModule):
     sees exactly the batches the uninterrupted run would have. The batches depend only on the seed,
     the epoch and the number of ranks, never on ``num_workers``.
 
-    Validation windows are fixed and back to back over the validation split. To cap validation
-    cost on a large corpus, use ``Trainer(limit_val_batches=...)``.
+    Validation windows are fixed (:func:`val_offsets`): back to back over the validation split, or
+    ``config.val_tokens`` worth of them spread evenly over it when it is larger, so validation
+    stays cheap on a large corpus and its loss compares across runs, devices and resumes.
     """
 
     # The default instance is frozen, so sharing it between calls is safe.
@@ -52,14 +54,14 @@ class TextDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         # Kept only as a shortcut for setup() in this same process; other ranks find the files
-        # again through prepare()'s cache.
+        # again through open_prepared().
         self._prepared = prepare(self.config, context_length=self.context_length)
 
     def setup(self, stage: str | None = None) -> None:
         if self._tokenizer is not None:
             return
         if self._prepared is None:
-            self._prepared = prepare(self.config, context_length=self.context_length)
+            self._prepared = open_prepared(self.config, context_length=self.context_length)
         self._tokenizer = self._prepared.tokenizer(self.config.tokenizer_path)
 
     @property
@@ -82,16 +84,14 @@ class TextDataModule(L.LightningDataModule):
         return self.tokenizer.n_vocab
 
     def train_dataset(self) -> TokenWindows:
-        """Every window of the training split, keyed by start position."""
+        """Every window of the training split."""
         prepared = self.prepared
-        path, dtype = prepared.directory / "train.bin", prepared.meta["dtype"]
-        return TokenWindows(path, dtype, prepared.num_tokens("train"), self.context_length)
+        return TokenWindows(prepared.segments("train"), prepared.meta["dtype"], self.context_length)
 
     def val_dataset(self) -> TokenWindows:
-        """Every window of the validation split, keyed by start position (see :func:`val_offsets`)."""
+        """Every window of the validation split (see :func:`val_offsets` for those scored)."""
         prepared = self.prepared
-        path, dtype = prepared.directory / "val.bin", prepared.meta["dtype"]
-        return TokenWindows(path, dtype, prepared.num_tokens("val"), self.context_length)
+        return TokenWindows(prepared.segments("val"), prepared.meta["dtype"], self.context_length)
 
     def train_sampler(self, num_replicas: int = 1, rank: int = 0) -> TrainWindowSampler:
         """Rank ``rank``'s share of the training windows (call ``set_epoch`` to pick the epoch)."""
@@ -105,7 +105,7 @@ class TextDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         dataset = self.val_dataset()
-        offsets = val_offsets(dataset.num_tokens, self.context_length)
+        offsets = val_offsets(dataset, self.config.val_tokens)
         return DataLoader(dataset, sampler=offsets, drop_last=False, **self._loader_options())
 
     def _loader_options(self) -> dict[str, Any]:

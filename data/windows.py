@@ -1,15 +1,15 @@
-"""Fixed-length windows over a token file, and the sampler that picks the training windows.
+"""Fixed-length windows over token shards, and the samplers that pick the training and validation windows.
 
-The window at start position ``s`` is ``(x, y)``: two int64 tensors of shape ``(T,)`` cut from the
-``T + 1`` tokens from ``s`` on, with ``y[t] = x[t + 1]`` (the next token is the target).
+The window at start position ``s`` of a segment is ``(x, y)``: two int64 tensors of shape ``(T,)``
+cut from the ``T + 1`` tokens from ``s`` on, with ``y[t] = x[t + 1]`` (the next token is the target).
 
-Samplers hand the dataset start positions, never positions in a table: a worker process then needs
-nothing but the file to serve any window, whatever the epoch.
+Samplers hand the dataset window indices, a pure function of the split's layout, never positions
+in a table: a worker process then needs nothing but the files to serve any window, whatever the epoch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,56 +17,85 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
+from .prepared import Segment
+
 
 class TokenWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    """Every window of ``context_length + 1`` tokens of a ``.bin`` token file, keyed by start position."""
+    """Every window of ``context_length + 1`` tokens within the segments of one split, keyed by index.
 
-    def __init__(self, path: Path, dtype: str, num_tokens: int, context_length: int) -> None:
+    Windows never span two segments (two shard files, or the split point). Index ``i`` is the
+    ``i``-th window start counting segment after segment; with one segment it is the start position.
+    """
+
+    def __init__(self, segments: Sequence[Segment], dtype: str, context_length: int) -> None:
         """
         Args:
-            path: Token file written by :func:`minigpt.data.prepare.prepare`.
-            dtype: Its numpy dtype name (``"uint16"`` or ``"uint32"``).
-            num_tokens: Tokens in the file.
+            segments: The split's pieces of shard files (:meth:`PreparedData.segments`).
+            dtype: Their numpy dtype name (``"uint16"`` or ``"uint32"``).
             context_length: ``T``, tokens per input sequence.
         """
-        self.path = path
+        self.segments = list(segments)
         self.dtype = dtype
-        self.num_tokens = num_tokens
         self.context_length = context_length
-        self._tokens: np.memmap | None = None
+        self.num_tokens = sum(len(s) for s in self.segments)
+        starts = [max(len(s) - context_length, 0) for s in self.segments]
+        self._first = np.concatenate([[0], np.cumsum(starts, dtype=np.int64)])  # first index of each segment
+        self._tokens: dict[Path, np.memmap] = {}
 
     def __len__(self) -> int:
-        """Number of start positions, ``0 .. num_tokens - T - 1``."""
-        return max(self.num_tokens - self.context_length, 0)
+        """Number of window starts, ``len - T`` per segment."""
+        return int(self._first[-1])
 
-    def __getitem__(self, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= start < len(self):
-            raise IndexError(f"window start {start} is outside 0..{len(self) - 1}")
-        if self._tokens is None:
+    def locate(self, index: int) -> tuple[Segment, int]:
+        """The segment window ``index`` lies in, and its start position in that segment."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"window {index} is outside 0..{len(self) - 1}")
+        which = int(np.searchsorted(self._first, index, side="right")) - 1
+        return self.segments[which], index - int(self._first[which])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        segment, start = self.locate(index)
+        tokens = self._tokens.get(segment.path)
+        if tokens is None:
             # Opened lazily in each process; reads touch only the pages of this window.
-            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
-        window = torch.from_numpy(self._tokens[start : start + self.context_length + 1].astype(np.int64))
+            tokens = self._tokens[segment.path] = np.memmap(segment.path, dtype=self.dtype, mode="r")
+        begin = segment.start + start
+        window = torch.from_numpy(tokens[begin : begin + self.context_length + 1].astype(np.int64))
         return window[:-1], window[1:]
 
     def __getstate__(self) -> dict[str, Any]:
-        # Worker processes get the path, not a pickled copy of the whole memory map.
-        return {**self.__dict__, "_tokens": None}
+        # Worker processes get the paths, not pickled copies of the memory maps.
+        return {**self.__dict__, "_tokens": {}}
 
 
-def train_offsets(num_tokens: int, context_length: int, seed: int, epoch: int) -> np.ndarray:
-    """Start positions of one epoch's training windows, ``(num_tokens // T,)`` int64.
+def train_offsets(
+    num_tokens: int, context_length: int, seed: int, epoch: int, num_starts: int | None = None
+) -> np.ndarray:
+    """Indices of one epoch's training windows, ``(num_tokens // T,)`` int64.
 
-    Uniformly random, so one pass sees about as many tokens as the split holds, and a function of
-    ``(seed, epoch)`` alone.
+    Uniformly random over the ``num_starts`` window starts (default ``num_tokens - T``: one
+    segment, where an index is a start position), so one pass sees about as many tokens as the
+    split holds, and a function of ``(seed, epoch)`` alone.
     """
     rng = np.random.default_rng([seed, epoch])
-    return rng.integers(0, num_tokens - context_length, size=num_tokens // context_length)
+    high = num_tokens - context_length if num_starts is None else num_starts
+    return rng.integers(0, high, size=num_tokens // context_length)
 
 
-def val_offsets(num_tokens: int, context_length: int) -> range:
-    """Back-to-back start positions from the start of the split: every target token is scored
-    exactly once, identically in every run."""
-    return range(0, (num_tokens - 1) // context_length * context_length, context_length)
+def val_offsets(windows: TokenWindows, max_tokens: int | None = None) -> list[int]:
+    """The validation windows: back to back within each segment, so every target token is scored
+    at most once; when they hold more than ``max_tokens`` targets, ``max_tokens // T`` of them
+    spread evenly over the split. The same in every run, whatever the devices or batch size."""
+    T = windows.context_length
+    back_to_back = [
+        first + np.arange(0, (len(segment) - 1) // T * T, T, dtype=np.int64)
+        for first, segment in zip(windows._first, windows.segments, strict=False)
+    ]
+    indices = np.concatenate(back_to_back) if back_to_back else np.zeros(0, dtype=np.int64)
+    keep = len(indices) if max_tokens is None else max(1, max_tokens // T)
+    if keep < len(indices):
+        indices = indices[np.arange(keep, dtype=np.int64) * len(indices) // keep]
+    return indices.tolist()
 
 
 class TrainWindowSampler(DistributedSampler):
@@ -101,7 +130,10 @@ class TrainWindowSampler(DistributedSampler):
 
     def offsets(self) -> np.ndarray:
         """This rank's start positions for the current epoch, ``(num_samples,)`` int64."""
-        offsets = train_offsets(self.windows.num_tokens, self.windows.context_length, self.seed, self.epoch)
+        windows = self.windows
+        offsets = train_offsets(
+            windows.num_tokens, windows.context_length, self.seed, self.epoch, len(windows)
+        )
         return offsets[self.rank : self.total_size : self.num_replicas].copy()  # frees the other ranks' part
 
     def __iter__(self) -> Iterator[int]:

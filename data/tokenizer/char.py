@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import DataError
-from .base import BaseTokenizer, register_tokenizer, require_texts
+from .base import BaseTokenizer, IdMap, Tokenizer, register_tokenizer, require_texts
+
+_CODE_POINTS = 0x110000
 
 
 @register_tokenizer
@@ -18,6 +20,9 @@ class CharTokenizer(BaseTokenizer):
     The set is built from the whole corpus (train and validation), as in nanoGPT's
     ``shakespeare_char``, so validation text never contains an unknown character. A prompt may:
     encoding it raises DataError naming the character. There is no end-of-text token.
+
+    ``prepare`` reads the corpus once: it writes code points (:class:`CodePoints`), then reads the
+    character set off them and renumbers them, so a streamed corpus is never read twice.
     """
 
     name = "char"
@@ -56,6 +61,26 @@ class CharTokenizer(BaseTokenizer):
         return cls.from_texts(require_texts(texts, cls.name))
 
     @classmethod
+    def corpus_encoder(
+        cls, texts: Iterable[str], *, tokenizer_path: str | None = None, num_threads: int | None = None
+    ) -> CodePoints:
+        return CodePoints()
+
+    @classmethod
+    def from_corpus_tokens(
+        cls, encoder: Tokenizer, token_arrays: Iterator[np.ndarray]
+    ) -> tuple[CharTokenizer, IdMap]:
+        used = np.zeros(_CODE_POINTS, dtype=bool)
+        for codes in token_arrays:
+            used[codes] = True
+        tokenizer = cls("".join(map(chr, np.flatnonzero(used).tolist())))
+        return tokenizer, tokenizer.from_code_points
+
+    def from_code_points(self, codes: np.ndarray) -> np.ndarray:
+        """Ids (1-D uint32) of code points, every one of which is in the vocabulary."""
+        return self._ids_by_code[np.minimum(codes, len(self._ids_by_code) - 1)]
+
+    @classmethod
     def from_spec(cls, spec: dict[str, Any], tokenizer_path: str | None = None) -> CharTokenizer:
         chars = spec.get("chars")
         if not isinstance(chars, str):
@@ -66,8 +91,7 @@ class CharTokenizer(BaseTokenizer):
         return [self._encode_array(text) for text in texts]
 
     def _encode_array(self, text: str) -> np.ndarray:
-        codes = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
-        ids = self._ids_by_code[np.minimum(codes, len(self._ids_by_code) - 1)]
+        ids = self.from_code_points(_code_points(text))
         unknown = ids == self.n_vocab
         if unknown.any():
             position = int(np.argmax(unknown))
@@ -83,3 +107,18 @@ class CharTokenizer(BaseTokenizer):
 
     def spec(self) -> dict[str, Any]:
         return {"name": self.name, "chars": self.chars}
+
+
+def _code_points(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")
+
+
+class CodePoints:
+    """What ``prepare`` encodes a ``char`` corpus with: each character's Unicode code point."""
+
+    name = "char"
+    n_vocab = _CODE_POINTS
+    eot_id: int | None = None
+
+    def encode_to_arrays(self, texts: list[str]) -> list[np.ndarray]:
+        return [_code_points(text).astype(np.uint32) for text in texts]

@@ -16,7 +16,7 @@ from minigpt.data.corpus import _hash_file, resolve_corpus
 
 
 def _texts(source: Path, text_column: str = "text") -> list[str]:
-    return resolve_corpus(str(source), text_column).load(source.parent / "hf")["text"]
+    return list(resolve_corpus(str(source), text_column).texts())
 
 
 def test_txt_file_is_one_document_with_normalised_line_ends(tmp_path: Path) -> None:

@@ -125,7 +125,7 @@ def test_worker_processes_read_the_memmap(datamodule: TextDataModule) -> None:
     loader = DataLoader(datamodule.train_dataset(), sampler=[0, 5, 9, 2], batch_size=4, num_workers=1)
     x, y = next(iter(loader))
     assert torch.equal(x[:, 1:], y[:, :-1])
-    assert datamodule.train_dataset().__getstate__()["_tokens"] is None  # workers get a path, not the data
+    assert datamodule.train_dataset().__getstate__()["_tokens"] == {}  # workers get paths, not the data
 
 
 def test_loader_settings(datamodule: TextDataModule) -> None:
@@ -156,7 +156,10 @@ def test_too_short_for_the_context_fails_in_prepare_data(tmp_path: Path, data_ca
         ("val_fraction", 1.0, "val_fraction must be between 0 and 1"),
         ("batch_size", 0, "batch_size must be at least 1"),
         ("num_workers", -1, "num_workers must be 0 or more"),
-        ("num_proc", 0, "num_proc must be at least 1"),
+        ("num_proc", -1, "num_proc must be 0 or more"),
+        ("max_tokens", 0, "max_tokens must be at least 1"),
+        ("shard_tokens", 100, "shard_tokens must be at least 256"),
+        ("val_tokens", 0, "val_tokens must be at least 1"),
         ("tokenizer", "bpe", "unknown tokenizer 'bpe'; valid names: gpt2, gpt2-compact, char"),
         ("source", "", "source must not be empty"),
     ],

@@ -15,8 +15,16 @@ T = 16
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))
 
 
-def _datamodule(source: Path, num_workers: int = 0, batch_size: int = 4) -> TextDataModule:
-    config = DataConfig(source=str(source), tokenizer="char", batch_size=batch_size, num_workers=num_workers)
+def _datamodule(
+    source: Path, num_workers: int = 0, batch_size: int = 4, shard_tokens: int = 1 << 27
+) -> TextDataModule:
+    config = DataConfig(
+        source=str(source),
+        tokenizer="char",
+        batch_size=batch_size,
+        num_workers=num_workers,
+        shard_tokens=shard_tokens,
+    )
     dm = TextDataModule(config, T)
     dm.prepare_data()
     dm.setup("fit")
@@ -43,19 +51,25 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(("num_workers", "shard_tokens"), [(0, 1 << 27), (2, 1 << 27), (2, 256)])
 @pytest.mark.parametrize("stop", [1, 7])
-def test_resume_mid_epoch_continues_the_uninterrupted_run(source: Path, num_workers: int, stop: int) -> None:
-    straight = _datamodule(source, num_workers).train_dataloader()
+def test_resume_mid_epoch_continues_the_uninterrupted_run(
+    source: Path, num_workers: int, shard_tokens: int, stop: int
+) -> None:
+    straight = _datamodule(source, num_workers, shard_tokens=shard_tokens).train_dataloader()
     expected = [_epoch(straight, 0), _epoch(straight, 1)]
+    if shard_tokens == 256:  # 12 shards of training text: the windows come from all of them
+        segments = straight.dataset.segments
+        assert len(segments) == 12
+        assert len({straight.dataset.locate(i)[0] for i in straight.sampler.offsets()}) == len(segments)
 
-    first = _datamodule(source, num_workers).train_dataloader()
+    first = _datamodule(source, num_workers, shard_tokens=shard_tokens).train_dataloader()
     seen = _epoch(first, 1, limit=stop)
     state = first.state_dict()
     # Workers have prefetched further; only batches handed out count.
     assert state == {"epoch": 1, "batches": stop, "batch_size": 4, "num_replicas": 1}
 
-    resumed = _datamodule(source, num_workers).train_dataloader()
+    resumed = _datamodule(source, num_workers, shard_tokens=shard_tokens).train_dataloader()
     resumed.load_state_dict(state)
     rest = _epoch(resumed, 1)  # Lightning calls set_epoch again, with the same epoch
     assert _same(seen + rest, expected[1])

@@ -19,6 +19,7 @@ from minigpt.data import (
 )
 from minigpt.data.corpus import Corpus
 from minigpt.data.prepare import _cache_key
+from minigpt.data.tokenizer.char import CodePoints
 
 DOCS = ["The first story.\nIt ends here.", "A second, shorter one 🙂", "Third: <|endoftext|> is just text."]
 
@@ -44,9 +45,11 @@ def test_gpt2_documents_joined_by_endoftext(tmp_path: Path, data_cache: Path, gp
     assert prepared.num_tokens("train") == len(expected) - prepared.num_tokens("val")
     assert gpt2.decode(tokens.tolist()) == "<|endoftext|>".join(DOCS)
     meta = json.loads((prepared.directory / "meta.json").read_text())
-    assert meta["tokenizer"] == gpt2.spec() and meta["documents"] == 3 and meta["format_version"] == 1
-    assert sorted(p.name for p in prepared.directory.iterdir()) == ["meta.json", "train.bin", "val.bin"]
-    assert [p.name for p in data_cache.iterdir()] == [prepared.directory.name]  # no Arrow copies left
+    assert meta["tokenizer"] == gpt2.spec() and meta["documents"] == 3 and meta["format_version"] == 2
+    assert sorted(p.name for p in prepared.directory.iterdir()) == ["meta.json", "shard-00000.bin"]
+    # No Arrow copies or partial folders left; the lock file stays for the next preparer.
+    name = prepared.directory.name
+    assert sorted(p.name for p in data_cache.iterdir()) == [f".{name}.lock", name]
 
 
 def test_gpt2_compact_stores_compact_ids_of_gpt2s_tokens(
@@ -159,18 +162,25 @@ def test_failure_leaves_no_folder_that_looks_prepared(
     def crash(*args: object) -> None:
         raise RuntimeError("crash mid-tokenization")
 
-    monkeypatch.setattr(CharTokenizer, "encode_to_arrays", crash)
-    with pytest.raises(RuntimeError, match="crash mid-tokenization"):
-        prepare(DataConfig(source=str(_jsonl(tmp_path / "d.jsonl", DOCS)), tokenizer="char"))
-    assert list(data_cache.iterdir()) == []
+    config = DataConfig(source=str(_jsonl(tmp_path / "d.jsonl", DOCS)), tokenizer="char")
+    with monkeypatch.context() as patch:
+        patch.setattr(CodePoints, "encode_to_arrays", crash)
+        with pytest.raises(RuntimeError, match="crash mid-tokenization"):
+            prepare(config)
+    # Only the lock and the partial folder (kept to resume from) are there, no meta.json anywhere.
+    assert all(p.name.startswith(".") for p in data_cache.iterdir())
+    assert not list(data_cache.rglob("meta.json")) and not list(data_cache.rglob("*.bin.tmp"))
+    assert CharTokenizer.from_spec(prepare(config).meta["tokenizer"]).decode(
+        _all_tokens(prepare(config)).tolist()
+    ) == "".join(DOCS)
 
 
 def test_tampered_folder_is_detected(tmp_path: Path, data_cache: Path) -> None:
     config = DataConfig(source=str(_jsonl(tmp_path / "d.jsonl", DOCS)), tokenizer="char")
     prepared = prepare(config)
-    with open(prepared.directory / "train.bin", "ab") as f:
+    with open(prepared.directory / "shard-00000.bin", "ab") as f:
         f.write(b"\0\0")
-    with pytest.raises(DataError, match="does not match meta.json; delete"):
+    with pytest.raises(DataError, match="shard .*shard-00000.bin has .* bytes but meta.json says .*; delete"):
         prepare(config)
 
 
@@ -184,9 +194,9 @@ def test_several_processes_give_the_same_tokens(tmp_path: Path, gpt2: GPT2Tokeni
 @pytest.mark.parametrize(
     ("tokenizer", "key"),
     [
-        ("gpt2", "2876c4827c991e0a226a5a24eba6b995272b28afec623e8c2fef541cad3575ef"),
-        ("gpt2-compact", "e9f0da4b734ce3f842eaa3d563513358393cfc0b5500ba2bc4037be4de592516"),
-        ("char", "1e4ebf13ee0a629eca8346ed48ca3f27c624f0a9b6d1db966ce2c8e8b2416d4f"),
+        ("gpt2", "f1721cd7250a66179ae962aeacab75023ed0f832e4a766a733a4785cbadf0d88"),
+        ("gpt2-compact", "abfa5976808288b6878aef8e0ad2d2fd7baab05b601520b26c1c43f667886c19"),
+        ("char", "fcf081e95beb0ccb3a57003e11c0e7c709a968f968f4002fc356d54aac2a6816"),
     ],
 )
 def test_cache_keys_of_the_builtin_tokenizers_are_stable(tokenizer: str, key: str) -> None:
