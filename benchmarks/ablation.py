@@ -69,11 +69,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "muon_lr_x2": {"model.optim.muon_lr": 0.04},
     "muon_lr_half": {"model.optim.muon_lr": 0.01},
 }
-VARIANTS["recipe"] = {  # the levers that paid at small.yaml's shape, together
-    k: v
-    for name in ("muon", "rope", "relu2", "zero_init", "untied", "qk_norm")
-    for k, v in VARIANTS[name].items()
-}
+RECIPE = ("rope", "relu2", "zero_init", "untied", "qk_norm")
+"""The architecture levers that paid at small.yaml's shape; "recipe" adds Muon to them."""
+VARIANTS["recipe_adamw"] = {k: v for name in RECIPE for k, v in VARIANTS[name].items()}
+VARIANTS["recipe"] = {**VARIANTS["recipe_adamw"], **VARIANTS["muon"]}
 """Each lever alone, as dotted settings of the config ("xF": the config's value times F)."""
 
 

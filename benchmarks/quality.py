@@ -5,11 +5,13 @@ Two contestants get the same budget of training-loop time (120 s by default) on 
 
 - **ours**: ``train.py --config small.yaml`` exactly as a user runs it, with only the data source
   and ``--trainer.max_time`` changed (plus wandb off). Everything small.yaml chooses counts: the
-  compact vocabulary, bf16 autocast, the allocator setting, its validation turn at step 500.
+  compact vocabulary, its architecture and optimizer (the modern recipe: Muon, rotary positions,
+  ...), bf16 autocast, the allocator setting, its validation turns.
 - **the peer**: ``llms-from-scratch``'s GPT (``GPTModelFast`` by default, the fastest in
   ``bench.py``) at the same shape, on the same GPT-2 tokens of the same training split, with the
-  same schedule: batch size, our AdamW (same settings and weight-decay groups), warmup + cosine
-  learning rate over the same ``max_steps``, gradient clipping, seed. It runs the book's way:
+  same schedule: batch size, AdamW (the book's optimizer, with the config's settings and our
+  weight-decay groups), warmup + the config's decay over the same ``max_steps``, gradient
+  clipping, seed. It runs the book's way:
   GPT-2's 50,257-token vocabulary, non-overlapping windows shuffled each epoch, in its fastest precision (bf16
   autocast with fused AdamW, as measured by ``bench.py``), in its own process with glibc's
   default allocator. A second peer run keeps the peak learning rate from the first step (no
@@ -185,10 +187,11 @@ def peer_worker(args: argparse.Namespace) -> None:
             "qkv_bias": False,
         }
     )
-    # Our optimizer and schedule, so that only the model, its vocabulary and its speed differ.
-    # "constant" drops the warmup and the decay: the peak rate from the first step, which suits a
-    # peer that only gets through a few dozen steps in the budget.
-    optimizer = build_optimizer(model, dataclasses.replace(optim, fused=True))
+    # The book's optimizer, AdamW, with our settings and schedule (a config's Muon is ours, not the
+    # peer's). "constant" drops the warmup and the decay: the peak rate from the first step, which
+    # suits a peer that only gets through a few dozen steps in the budget.
+    optim = dataclasses.replace(optim, optimizer="adamw", fused=True)
+    optimizer = build_optimizer(model, optim)
     if spec["schedule"] == "constant":
         optim = dataclasses.replace(optim, warmup_steps=0, min_lr=optim.lr)
     scheduler = build_scheduler(optimizer, optim, cfg["max_steps"])
