@@ -243,11 +243,13 @@ def main() -> None:
     lines = [
         f"`python benchmarks/ablation.py --config {args.config} --steps {base_steps}"
         + (f" --text {Path(args.text).name}" if args.text else "")
-        + f" --seeds {args.seeds}"
+        + f" --variants {args.variants} --seeds {args.seeds}"
         + (f" --speeds {args.speeds}" if args.speeds else "")
         + f"`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; budget: the baseline's "
-        f"{base_steps} steps; timing {args.rounds} rounds x {args.timed_steps} steps; median over "
+        f"{base_steps} steps; "
+        + ("speeds as given" if args.speeds else f"timing {args.rounds} rounds x {args.timed_steps} steps")
+        + "; median over "
         f"{len(seeds)} seed(s)",
         "",
         "| variant | step speed vs baseline | steps | val loss | vs baseline |",

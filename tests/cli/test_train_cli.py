@@ -150,3 +150,31 @@ def test_yaml_syntax_error_is_one_line(
 def test_missing_config_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
         resolve_config_args(["--config", "definitely-missing.yaml"])
+
+
+LEVERS = (
+    "position_embedding",
+    "qk_norm",
+    "norm",
+    "activation",
+    "zero_init_proj",
+    "tie_weights",
+    "logit_softcap",
+)
+
+
+def test_gpt2s_recipe_is_one_config_away_from_the_modern_one() -> None:
+    """small.yaml trains with the modern recipe; recipes/gpt2.yaml laid over it restores GPT-2's
+    (GPTConfig's defaults, the seed-faithful architecture) and AdamW, and leaves the shape alone."""
+    from minigpt.model import GPTConfig
+
+    cpu = ("--trainer.accelerator", "cpu", "--trainer.devices", "1")
+    modern = parse("--config", "small.yaml", *cpu).model
+    gpt2 = parse("--config", "small.yaml", "--config", "recipes/gpt2.yaml", *cpu).model
+    assert modern.optim_config.optimizer == "muon" and modern.gpt_config.position_embedding == "rope"
+    assert {name: getattr(gpt2.gpt_config, name) for name in LEVERS} == {
+        name: getattr(GPTConfig(), name) for name in LEVERS
+    }
+    assert gpt2.optim_config.optimizer == "adamw"
+    shape = ("n_layer", "n_head", "n_embd", "context_length")
+    assert [getattr(gpt2.gpt_config, n) for n in shape] == [getattr(modern.gpt_config, n) for n in shape]
