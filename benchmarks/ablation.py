@@ -18,6 +18,7 @@ that makes a step slower gets proportionally fewer steps, so every variant has t
 
     python benchmarks/ablation.py --config small.yaml --steps 400 --text tinyshakespeare.txt
     python benchmarks/ablation.py --config char.yaml --variants baseline,muon,rope --seeds 1337,1338
+    python benchmarks/ablation.py --config small.yaml --over recipes/gpt2.yaml --variants baseline,rope
 
 Variants are named in VARIANTS below; `a+b` combines levers. The table gives medians over seeds.
 """
@@ -68,6 +69,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lr_half": {"model.optim.lr": "x0.5", "model.optim.min_lr": "x0.5"},
     "muon_lr_x2": {"model.optim.muon_lr": 0.04},
     "muon_lr_half": {"model.optim.muon_lr": 0.01},
+    "dropout": {"model.gpt.dropout": 0.1},
+    "dropout2": {"model.gpt.dropout": 0.2},
 }
 RECIPE = ("rope", "relu2", "zero_init", "untied", "qk_norm")
 """The architecture levers that paid at small.yaml's shape; "recipe" adds Muon to them."""
@@ -155,6 +158,7 @@ def train(args: argparse.Namespace, work: Path, name: str, extra: list[str]) -> 
         str(ROOT / "train.py"),
         "--config",
         args.config,
+        *(["--config", args.over] if args.over else []),
         "--data.config.source",
         args.source,
         "--data.config.cache_dir",
@@ -177,6 +181,19 @@ def train(args: argparse.Namespace, work: Path, name: str, extra: list[str]) -> 
     return {"steps": max(int(r["step"]) for r in rows) + 1, "val_loss": vals[-1]}
 
 
+def read_yaml(name: str) -> dict[str, Any]:
+    path = Path(name) if Path(name).is_file() else ROOT / "configs" / name
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s values laid on top, section by section, as a second --config does."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(base[key], value) if isinstance(value, dict) and key in base else value
+    return out
+
+
 def cli_overrides(extra: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for key, value in extra.items():
@@ -187,6 +204,7 @@ def cli_overrides(extra: dict[str, Any]) -> list[str]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="small.yaml")
+    p.add_argument("--over", default=None, help="a second config laid over the first, e.g. recipes/gpt2.yaml")
     p.add_argument("--text", default=None, help="a UTF-8 text file (default: the built-in corpus)")
     p.add_argument("--steps", type=int, default=None, help="the baseline's steps (default: the config's)")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated; a+b combines levers")
@@ -200,8 +218,9 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     args = p.parse_args()
     args.source = str(Path(args.text).resolve()) if args.text else "shakespeare"
-    config_path = ROOT / "configs" / args.config if not Path(args.config).is_file() else Path(args.config)
-    config = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    config = read_yaml(args.config)
+    if args.over:
+        config = merged(config, read_yaml(args.over))
     variants = [v for v in args.variants.split(",") if v]
     for variant in variants:
         settings(variant, config)  # fail on a typo before any work
@@ -241,7 +260,9 @@ def main() -> None:
 
     base = statistics.median(r["val_loss"] for r in results["baseline"]) if "baseline" in results else None
     lines = [
-        f"`python benchmarks/ablation.py --config {args.config} --steps {base_steps}"
+        f"`python benchmarks/ablation.py --config {args.config}"
+        + (f" --over {args.over}" if args.over else "")
+        + f" --steps {base_steps}"
         + (f" --text {Path(args.text).name}" if args.text else "")
         + f" --variants {args.variants} --seeds {args.seeds}"
         + (f" --speeds {args.speeds}" if args.speeds else "")
