@@ -71,6 +71,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "muon_lr_half": {"model.optim.muon_lr": 0.01},
     "dropout": {"model.gpt.dropout": 0.1},
     "dropout2": {"model.gpt.dropout": 0.2},
+    "wd_x5": {"model.optim.weight_decay": "x5"},
+    "wd_x10": {"model.optim.weight_decay": "x10"},
+    "emb_lr_x10": {"model.optim.embedding_lr": "x10"},
+    "emb_lr_x30": {"model.optim.embedding_lr": "x30"},
+    "deep6": {"model.gpt.n_layer": 6},
+    "batch_x2": {"data.config.batch_size": "x2"},
+    "batch_half": {"data.config.batch_size": "x0.5"},
 }
 RECIPE = ("rope", "relu2", "zero_init", "untied", "qk_norm")
 """The architecture levers that paid at small.yaml's shape; "recipe" adds Muon to them."""
@@ -87,11 +94,24 @@ def settings(variant: str, config: dict[str, Any]) -> dict[str, Any]:
             raise SystemExit(f"error: unknown variant {name!r}; known: {', '.join(VARIANTS)}")
         for key, value in VARIANTS[name].items():
             if isinstance(value, str) and value.startswith("x"):
-                section, field = key.split(".")[1:]
-                default = getattr(OptimConfig(), field)
-                value = float(value[1:]) * float(config["model"].get(section, {}).get(field, default))
+                value = float(value[1:]) * current(config, key)
+                if key == "data.config.batch_size":
+                    value = max(1, round(value))
             out[key] = value
     return out
+
+
+def current(config: dict[str, Any], key: str) -> float:
+    """The config's value at a dotted key, or the typed default where the config leaves it out."""
+    *path, field = key.split(".")
+    node: Any = config
+    for part in path:
+        node = node.get(part, {})
+    default = DataConfig() if key.startswith("data.") else OptimConfig()
+    value = node.get(field, getattr(default, field))
+    if value is None and field == "embedding_lr":  # unset: the AdamW learning rate
+        return current(config, "model.optim.lr")
+    return float(value)
 
 
 def section(config: dict[str, Any], extra: dict[str, Any], name: str) -> dict[str, Any]:
@@ -109,7 +129,7 @@ def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int) -
     """A function that runs one training step of the variant and returns its seconds."""
     gpt = GPT(GPTConfig(**{**section(config, extra, "gpt"), "vocab_size": vocab_size}))
     optimizer = build_optimizer(gpt, OptimConfig(**section(config, extra, "optim")))
-    batch = config["data"]["config"].get("batch_size", DataConfig.batch_size)
+    batch = extra.get("data.config.batch_size", config["data"]["config"].get("batch_size", DataConfig.batch_size))
     ids = torch.randint(vocab_size, (batch, gpt.config.context_length + 1), generator=torch.Generator())
     x, y = ids[:, :-1], ids[:, 1:]
 

@@ -36,6 +36,9 @@ class OptimConfig:
     optimizer: str = "adamw"
     """"adamw" for every parameter, or "muon": `torch.optim.Muon` (momentum orthogonalised by
     Newton-Schulz) for the blocks' weight matrices, AdamW (`lr`) for embeddings, head, gains and biases."""
+    embedding_lr: float | None = None
+    """AdamW's peak learning rate for the embedding tables (tokens, and positions where learned),
+    scheduled like `lr`; None: `lr`. With tied weights the token table is also the head."""
     muon_lr: float = 0.02
     """Muon's peak learning rate (scaled per matrix shape as in Keller Jordan's implementation);
     follows the same schedule as `lr`."""
@@ -69,6 +72,8 @@ class OptimConfig:
             raise ConfigError(f"optim schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if not 0 < self.decay_fraction <= 1:
             raise ConfigError(f"optim decay_fraction must be in (0, 1], got {self.decay_fraction}")
+        if self.embedding_lr is not None and self.embedding_lr <= 0:
+            raise ConfigError(f"optim embedding_lr must be positive or null, got {self.embedding_lr}")
         if self.muon_lr <= 0:
             raise ConfigError(f"optim muon_lr must be positive, got {self.muon_lr}")
         if not 1 <= self.muon_ns_steps < 100:

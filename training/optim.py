@@ -20,10 +20,16 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     chosen = {id(p) for p in matrices}
     rest = [p for _, p in named if id(p) not in chosen]
     decayed = _decayed(model)
+    tables = set()  # with its own learning rate, the embedding tables are a third group
+    if config.embedding_lr is not None:
+        tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     groups = [
-        {"params": [p for p in rest if id(p) in decayed], "weight_decay": config.weight_decay},
+        {"params": [p for p in rest if id(p) in decayed - tables], "weight_decay": config.weight_decay},
         {"params": [p for p in rest if id(p) not in decayed], "weight_decay": 0.0},
     ]
+    if tables:
+        embeddings = [p for p in rest if id(p) in tables]
+        groups.append({"params": embeddings, "weight_decay": config.weight_decay, "lr": config.embedding_lr})
     device = named[0][1].device
     fused = config.fused and device.type in ("cpu", "cuda")
     adamw = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), fused=fused)

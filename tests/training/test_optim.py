@@ -65,3 +65,28 @@ def test_scheduler_drives_the_optimizer_lr() -> None:
 def test_bad_optim_config_names_the_field(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         OptimConfig(**kwargs)
+
+
+def test_embedding_lr_gives_the_tables_their_own_scheduled_rate() -> None:
+    """The token and position tables move at embedding_lr (scheduled like lr, with decay); every
+    other parameter keeps its group, and without the setting the groups are as before."""
+    model = GPT(GPTConfig(vocab_size=40, context_length=8, n_layer=2, n_head=2, n_embd=16, tie_weights=False))
+    tables = {id(model.transformer.wte.weight), id(model.transformer.wpe.weight)}
+    config = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=0, embedding_lr=3e-2)
+    optimizer = build_optimizer(model, config)
+    decay, no_decay, embedding = optimizer.param_groups
+    assert {id(p) for p in embedding["params"]} == tables
+    assert embedding["weight_decay"] == 0.1 and embedding["lr"] == 3e-2
+    assert not tables & {id(p) for p in decay["params"] + no_decay["params"]}
+    assert id(model.lm_head.weight) in {id(p) for p in decay["params"]}
+    scheduler = build_scheduler(optimizer, config, total_steps=10)
+    for _ in range(10):
+        optimizer.step()
+        scheduler.step()
+    assert embedding["lr"] == pytest.approx(3e-3) and decay["lr"] == pytest.approx(1e-4)
+    assert len(build_optimizer(model, OptimConfig()).param_groups) == 2
+
+
+def test_embedding_lr_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="embedding_lr must be positive"):
+        OptimConfig(embedding_lr=0.0)
