@@ -73,9 +73,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "dropout2": {"model.gpt.dropout": 0.2},
     "wd_x5": {"model.optim.weight_decay": "x5"},
     "wd_x10": {"model.optim.weight_decay": "x10"},
+    "wd_0": {"model.optim.weight_decay": 0.0},
+    "wd_x20": {"model.optim.weight_decay": "x20"},
     "emb_lr_x10": {"model.optim.embedding_lr": "x10"},
     "emb_lr_x30": {"model.optim.embedding_lr": "x30"},
     "deep6": {"model.gpt.n_layer": 6},
+    "deep8": {"model.gpt.n_layer": 8},
     "batch_x2": {"data.config.batch_size": "x2"},
     "batch_half": {"data.config.batch_size": "x0.5"},
 }
@@ -200,7 +203,7 @@ def train(args: argparse.Namespace, work: Path, name: str, extra: list[str]) -> 
     with open(run_dir / "csv" / "version_0" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     vals = [float(r["val_loss"]) for r in rows if r.get("val_loss")]
-    return {"steps": max(int(r["step"]) for r in rows) + 1, "val_loss": vals[-1]}
+    return {"steps": max(int(r["step"]) for r in rows) + 1, "val_loss": vals[-1], "curve": vals}
 
 
 def read_yaml(name: str) -> dict[str, Any]:
@@ -237,6 +240,9 @@ def main() -> None:
         "--speeds", default=None, help="skip the timing: variant=speed,... as a timing run printed"
     )
     p.add_argument("--timing-only", action="store_true", help="print the relative speeds and stop")
+    p.add_argument(
+        "--validations", type=int, default=1, help="validate this many times, evenly (the table: the last)"
+    )
     p.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     args = p.parse_args()
     args.source = str(Path(args.text).resolve()) if args.text else "shakespeare"
@@ -272,7 +278,7 @@ def main() -> None:
                 extra = {
                     "seed_everything": seed,
                     "trainer.max_steps": steps,
-                    "trainer.val_check_interval": steps,
+                    "trainer.val_check_interval": max(1, steps // args.validations),
                     "model.optim.warmup_steps": max(1, round(warmup * steps / full_steps)),
                     **settings(variant, config),
                 }
@@ -288,6 +294,7 @@ def main() -> None:
         + (f" --text {Path(args.text).name}" if args.text else "")
         + f" --variants {args.variants} --seeds {args.seeds}"
         + (f" --speeds {args.speeds}" if args.speeds else "")
+        + (f" --validations {args.validations}" if args.validations > 1 else "")
         + f"`, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
         f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; budget: the baseline's "
         f"{base_steps} steps; "
