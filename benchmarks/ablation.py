@@ -241,7 +241,10 @@ def main() -> None:
     )
     p.add_argument("--timing-only", action="store_true", help="print the relative speeds and stop")
     p.add_argument(
-        "--validations", type=int, default=1, help="validate this many times, evenly (the table: the last)"
+        "--validations",
+        type=int,
+        default=1,
+        help="validate every steps // N steps; the table shows the last (the end when N divides the steps)",
     )
     p.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     args = p.parse_args()
