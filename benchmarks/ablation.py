@@ -132,9 +132,7 @@ def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int) -
     """A function that runs one training step of the variant and returns its seconds."""
     gpt = GPT(GPTConfig(**{**section(config, extra, "gpt"), "vocab_size": vocab_size}))
     optimizer = build_optimizer(gpt, OptimConfig(**section(config, extra, "optim")))
-    batch = extra.get(
-        "data.config.batch_size", config["data"]["config"].get("batch_size", DataConfig.batch_size)
-    )
+    batch = int(extra.get("data.config.batch_size", current(config, "data.config.batch_size")))
     ids = torch.randint(vocab_size, (batch, gpt.config.context_length + 1), generator=torch.Generator())
     x, y = ids[:, :-1], ids[:, 1:]
 

@@ -23,8 +23,9 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     tables = set()  # with its own learning rate, the embedding tables are a third group
     if config.embedding_lr is not None:
         tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    matrix_decayed = decayed - tables
     groups = [
-        {"params": [p for p in rest if id(p) in decayed - tables], "weight_decay": config.weight_decay},
+        {"params": [p for p in rest if id(p) in matrix_decayed], "weight_decay": config.weight_decay},
         {"params": [p for p in rest if id(p) not in decayed], "weight_decay": 0.0},
     ]
     if tables:
