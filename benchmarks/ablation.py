@@ -63,6 +63,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "zero_init": {"model.gpt.zero_init_proj": True},
     "softcap": {"model.gpt.logit_softcap": 30.0},
     "untied": {"model.gpt.tie_weights": False},
+    "tied": {"model.gpt.tie_weights": True},
     "wsd": {"model.optim.schedule": "wsd", "model.optim.decay_fraction": 0.4},
     "linear0": {"model.optim.schedule": "wsd", "model.optim.decay_fraction": 1.0, "model.optim.min_lr": 0.0},
     "lr_x2": {"model.optim.lr": "x2", "model.optim.min_lr": "x2"},
@@ -81,6 +82,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "deep8": {"model.gpt.n_layer": 8},
     "batch_x2": {"data.config.batch_size": "x2"},
     "batch_half": {"data.config.batch_size": "x0.5"},
+    "ctx256": {"model.gpt.context_length": 256, "data.config.batch_size": "x0.5"},  # same tokens a step
 }
 RECIPE = ("rope", "relu2", "zero_init", "untied", "qk_norm")
 """The architecture levers that paid at small.yaml's shape; "recipe" adds Muon to them."""
