@@ -36,8 +36,11 @@ COUNT_GROUPS = ((0, 0, "never"), (1, 4, "1-4 times"), (5, 99, "5-99 times"), (10
 UNIFORM_SHARES = (1e-3, 3e-3, 1e-2, 3e-2)
 
 
-def target_log_probs(model: torch.nn.Module, ids: np.ndarray, context: int, batch: int = 16) -> torch.Tensor:
-    """log p(target) of every target in the non-overlapping windows of `ids`, shape (windows, context)."""
+def target_log_probs(
+    model: torch.nn.Module, ids: np.ndarray, context: int, batch: int = 16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(target) of every target in the non-overlapping windows of `ids`, and the targets; both
+    (windows, context)."""
     n = (len(ids) - 1) // context
     x = torch.from_numpy(ids[: n * context].reshape(n, context))
     y = torch.from_numpy(ids[1 : n * context + 1].reshape(n, context))
@@ -61,7 +64,7 @@ def main() -> None:
         prepared = prepare(DataConfig(source=args.source, tokenizer=tokenizer.name))
     except (CheckpointError, DataError) as err:
         raise SystemExit(f"error: {err}") from None
-    context = args.context or model.config.context_length
+    context = model.config.context_length if args.context is None else args.context
     if not 1 <= context <= model.config.context_length:
         raise SystemExit(f"error: --context must be 1..{model.config.context_length}, got {context}")
     if prepared.tokenizer().n_vocab != model.config.vocab_size:
@@ -70,6 +73,8 @@ def main() -> None:
             f"the model {model.config.vocab_size}: not the corpus it was trained on"
         )
     val = prepared.tokens("val").astype(np.int64)
+    if len(val) <= context:
+        raise SystemExit(f"error: the validation split ({len(val)} tokens) holds no window of {context}")
     counts = np.bincount(prepared.tokens("train"), minlength=model.config.vocab_size)
     logp, targets = target_log_probs(model, val, context)
     loss = -logp
