@@ -30,6 +30,7 @@ import torch
 
 from minigpt.checkpoints import CheckpointError, load_model
 from minigpt.data import DataConfig, DataError, prepare
+from quality import windows
 
 POSITION_EDGES = (0, 1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
 COUNT_GROUPS = ((0, 0, "never"), (1, 4, "1-4 times"), (5, 99, "5-99 times"), (100, None, "100+ times"))
@@ -41,12 +42,10 @@ def target_log_probs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(target) of every target in the non-overlapping windows of `ids`, and the targets; both
     (windows, context)."""
-    n = (len(ids) - 1) // context
-    x = torch.from_numpy(ids[: n * context].reshape(n, context))
-    y = torch.from_numpy(ids[1 : n * context + 1].reshape(n, context))
+    x, y = windows(ids, context)
     out = []
     with torch.no_grad():
-        for i in range(0, n, batch):
+        for i in range(0, len(x), batch):
             logp = torch.log_softmax(model(x[i : i + batch]).float(), dim=-1)
             out.append(logp.gather(-1, y[i : i + batch, :, None]).squeeze(-1))
     return torch.cat(out), y
@@ -67,12 +66,13 @@ def main() -> None:
     context = model.config.context_length if args.context is None else args.context
     if not 1 <= context <= model.config.context_length:
         raise SystemExit(f"error: --context must be 1..{model.config.context_length}, got {context}")
-    if prepared.tokenizer().n_vocab != model.config.vocab_size:
+    n_vocab = prepared.tokenizer().n_vocab
+    if n_vocab != model.config.vocab_size:
         raise SystemExit(
-            f"error: {args.source!r} with {tokenizer.name} has {prepared.tokenizer().n_vocab} tokens, "
+            f"error: {args.source!r} with {tokenizer.name} has {n_vocab} tokens, "
             f"the model {model.config.vocab_size}: not the corpus it was trained on"
         )
-    val = prepared.tokens("val").astype(np.int64)
+    val = prepared.tokens("val")
     if len(val) <= context:
         raise SystemExit(f"error: the validation split ({len(val)} tokens) holds no window of {context}")
     counts = np.bincount(prepared.tokens("train"), minlength=model.config.vocab_size)
