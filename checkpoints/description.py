@@ -27,6 +27,8 @@ PARAMETER_SETTINGS = (
     "tie_weights",
     "position_embedding",
     "norm",
+    "value_residual",
+    "unet_skips",
 )
 """GPTConfig fields that decide which parameters exist and their shapes (with context_length,
 which sizes the learned position table)."""
@@ -38,6 +40,7 @@ FUNCTION_SETTINGS = (
     "qk_norm",
     "activation",
     "logit_softcap",
+    "embed_norm",
 )
 """GPTConfig fields that change what the parameters compute; weights trained with them need them."""
 
@@ -51,6 +54,9 @@ LEGACY_SETTINGS = {
     "activation": "gelu",
     "zero_init_proj": False,
     "logit_softcap": None,
+    "value_residual": False,
+    "unet_skips": False,
+    "embed_norm": False,
 }
 """Settings that descriptions written before they existed lack, with the values those models
 were built with."""

@@ -59,6 +59,15 @@ class GPTConfig:
     zero_init_proj: bool = False
     """Start the blocks' output projections (attention and MLP) at zero, so each block begins as
     the identity, instead of GPT-2's scaled normal init."""
+    value_residual: bool = False
+    """Every block after the first attends over a learned mix of its own values and the first
+    block's values of the same tokens (Zhou et al. 2024, "Value Residual Learning"; the speedrun's
+    value residual). Two scalars per block, starting at half each."""
+    unet_skips: bool = False
+    """The second half of the blocks each take in a learned multiple (starting at 1) of the output
+    of its mirror block in the first half, as a U-net does (the speedrun's skip connections)."""
+    embed_norm: bool = False
+    """Normalise the embeddings (RMS, no gain) before the first block, as the speedrun does."""
     logit_softcap: float | None = None
     """Squash the logits into (-cap, cap) with cap * tanh(logits / cap); None: raw logits."""
     attention: str = "auto"

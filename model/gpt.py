@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import KVCache, MultiHeadAttention, RotaryEmbedding, check_fits
@@ -48,7 +49,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """x + attn(ln(x)), then x + mlp(ln(x)); dropout on each residual branch."""
 
-    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
+    def __init__(
+        self, config: GPTConfig, rotary: RotaryEmbedding | None = None, value_residual: bool = False
+    ) -> None:
         super().__init__()
         self.ln_1 = norm(config)
         self.attn = MultiHeadAttention(
@@ -62,21 +65,41 @@ class Block(nn.Module):
             attention=config.attention,
             qk_norm=config.qk_norm,
             rotary=rotary,
+            value_residual=value_residual,
         )
         self.ln_2 = norm(config)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln_1(x), kv_cache=kv_cache))
-        return x + self.drop(self.mlp(self.ln_2(x)))
-
-    def forward_with_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`forward` through the explicit attention path: the output (B, T, C) and the attention
-        weights (B, nh, T, T). A separate method, so the training path stays free of branches."""
-        attended, weights = self.attn(self.ln_1(x), return_weights=True)
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv_cache: KVCache | None = None,
+        first_values: torch.Tensor | None = None,
+        return_values: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The block's output (B, T, C); with `return_values`, also its attention's own values
+        (the value residual's `first_values` for the blocks after it)."""
+        attended = self.attn(
+            self.ln_1(x), kv_cache=kv_cache, first_values=first_values, return_values=return_values
+        )
+        if return_values:
+            attended, values = attended
         x = x + self.drop(attended)
-        return x + self.drop(self.mlp(self.ln_2(x))), weights
+        x = x + self.drop(self.mlp(self.ln_2(x)))
+        return (x, values) if return_values else x
+
+    def forward_with_weights(
+        self, x: torch.Tensor, first_values: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`forward` through the explicit attention path: the output (B, T, C), the attention
+        weights (B, nh, T, T) and the attention's own values. A separate method, so the training
+        path stays free of branches."""
+        attended, weights, values = self.attn(
+            self.ln_1(x), return_weights=True, first_values=first_values, return_values=True
+        )
+        x = x + self.drop(attended)
+        return x + self.drop(self.mlp(self.ln_2(x))), weights, values
 
 
 def parameter_count(config: GPTConfig) -> int:
@@ -89,7 +112,9 @@ def parameter_count(config: GPTConfig) -> int:
     positions = config.context_length if config.position_embedding == "learned" else 0
     embeddings = (config.vocab_size + positions) * c
     head = 0 if config.tie_weights else config.vocab_size * c
-    return embeddings + config.n_layer * block + layer_norm + head
+    value_lambdas = 2 * (config.n_layer - 1) if config.value_residual else 0
+    skips = config.n_layer // 2 if config.unet_skips else 0
+    return embeddings + config.n_layer * block + layer_norm + head + value_lambdas + skips
 
 
 class GPT(nn.Module):
@@ -118,10 +143,15 @@ class GPT(nn.Module):
             rotary = RotaryEmbedding(config.head_size, config.context_length, config.rope_base)
         layers |= dict(
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList(Block(config, rotary) for _ in range(config.n_layer)),
+            h=nn.ModuleList(
+                Block(config, rotary, value_residual=config.value_residual and i > 0)
+                for i in range(config.n_layer)
+            ),
             ln_f=norm(config),
         )
         self.transformer = nn.ModuleDict(layers)
+        if config.unet_skips:  # one weight per pair of mirror blocks
+            self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
@@ -160,9 +190,37 @@ class GPT(nn.Module):
         start after the cached ones.
         """
         x = self._embed(idx, kv_caches[0].length if kv_caches else 0)  # (B, T, C)
-        for i, block in enumerate(self.transformer.h):
-            x = block(x, kv_caches[i] if kv_caches else None)
+        x, _ = self._blocks(x, kv_caches)
         return self.transformer.ln_f(x)
+
+    def _blocks(
+        self, x: torch.Tensor, kv_caches: list[KVCache] | None = None, with_weights: bool = False
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The blocks over embeddings `x` (B, T, C): their output, and each block's attention
+        weights when `with_weights` (the explicit path; otherwise the list is empty).
+
+        The value residual hands the first block's values to every later block; the U-net skips
+        keep the first half's outputs and add them, last in first out, to the second half's inputs.
+        """
+        c = self.config
+        first_values, skips, weights = None, [], []
+        half = c.n_layer // 2
+        for i, block in enumerate(self.transformer.h):
+            if c.unet_skips and i >= c.n_layer - half:
+                x = x + self.skip_weights[i - (c.n_layer - half)] * skips.pop()
+            keep_values = c.value_residual and i == 0
+            if with_weights:
+                x, layer_weights, values = block.forward_with_weights(x, first_values)
+                weights.append(layer_weights)
+            elif keep_values:
+                x, values = block(x, kv_caches[i] if kv_caches else None, return_values=True)
+            else:
+                x = block(x, kv_caches[i] if kv_caches else None, first_values)
+            if keep_values:
+                first_values = values
+            if c.unet_skips and i < half:
+                skips.append(x)
+        return x, weights
 
     def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
         """Token + position embeddings (B, T, C) of ids (B, T) at positions start, start + 1, ..."""
@@ -174,6 +232,8 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)
         if "wpe" in self.transformer:  # with rotary embeddings, attention applies the positions
             x = x + self.transformer.wpe(torch.arange(start, start + t, device=idx.device))
+        if self.config.embed_norm:
+            x = F.rms_norm(x, (x.shape[-1],))
         return self.transformer.drop(x)
 
     def forward(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
@@ -201,11 +261,7 @@ class GPT(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            x = self._embed(idx, 0)
-            weights = []
-            for block in self.transformer.h:
-                x, layer_weights = block.forward_with_weights(x)
-                weights.append(layer_weights)
+            _, weights = self._blocks(self._embed(idx, 0), with_weights=True)
             return weights
         finally:
             self.train(was_training)

@@ -21,15 +21,25 @@ LEVERS = {
     "relu2": dict(activation="relu2"),
     "zero_init": dict(zero_init_proj=True),
     "softcap": dict(logit_softcap=5.0),
+    "value_residual": dict(value_residual=True),
+    "unet_skips": dict(unet_skips=True, n_layer=3),  # an odd depth: the middle block has no mirror
+    "embed_norm": dict(embed_norm=True),
     "all": dict(
-        position_embedding="rope", qk_norm=True, norm="rmsnorm", activation="relu2", logit_softcap=5.0
+        position_embedding="rope",
+        qk_norm=True,
+        norm="rmsnorm",
+        activation="relu2",
+        logit_softcap=5.0,
+        value_residual=True,
+        unet_skips=True,
+        embed_norm=True,
     ),
 }
 
 
 def build(**changes) -> GPT:
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**BASE, **changes)).eval()
+    model = GPT(GPTConfig(**{**BASE, **changes})).eval()
     with torch.no_grad():  # zero-initialised projections would hide every other difference
         for block in model.transformer.h:
             for proj in (block.attn.out_proj, block.mlp.c_proj):
@@ -130,3 +140,47 @@ def test_qk_norm_bounds_the_attention_scores() -> None:
 def test_bad_lever_settings_are_one_line(changes: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         GPTConfig(**{**BASE, **changes})
+
+
+def test_value_residual_mixes_each_later_block_s_values_with_the_first_block_s() -> None:
+    mixed, plain = build(value_residual=True), build()
+    assert not hasattr(mixed.transformer.h[0].attn, "value_lambdas")  # the first block has none
+    ids = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        for block in mixed.transformer.h[1:]:
+            block.attn.value_lambdas.copy_(torch.tensor([1.0, 0.0]))  # its own values only
+        assert_close(mixed(ids), plain(ids))
+        for block in mixed.transformer.h[1:]:
+            block.attn.value_lambdas.copy_(torch.tensor([0.0, 1.0]))  # the first block's only
+        first_values = mixed.transformer.h[0].attn._project(
+            mixed.transformer.h[0].ln_1(mixed._embed(ids, 0))
+        )[2]
+        x, values = mixed.transformer.h[0](mixed._embed(ids, 0), return_values=True)
+        assert_close(values, first_values)
+        second = mixed.transformer.h[1]
+        expected = x + second.attn(second.ln_1(x), first_values=first_values)
+        expected = expected + second.mlp(second.ln_2(expected))
+        assert_close(mixed.transformer.ln_f(expected), mixed.features(ids))
+
+
+def test_unet_skips_add_each_first_half_output_to_its_mirror_s_input() -> None:
+    skipped, plain = build(unet_skips=True, n_layer=4), build(n_layer=4)
+    assert skipped.skip_weights.tolist() == [1.0, 1.0]
+    ids = torch.randint(0, 50, (2, 9))
+    with torch.no_grad():
+        h = skipped.transformer.h
+        out0 = h[0](skipped._embed(ids, 0))
+        out1 = h[1](out0)
+        out2 = h[2](out1 + out1)  # block 2 mirrors block 1
+        out3 = h[3](out2 + out0)  # block 3 mirrors block 0
+        assert_close(skipped.features(ids), skipped.transformer.ln_f(out3))
+        skipped.skip_weights.zero_()
+        assert_close(skipped(ids), plain(ids))
+
+
+def test_embed_norm_gives_unit_rms_embeddings() -> None:
+    model = build(embed_norm=True)
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(30.0)
+        x = model._embed(torch.randint(0, 50, (2, 9)), 0)
+    assert_close(x.square().mean(-1), torch.ones(2, 9), rtol=1e-4, atol=1e-4)
