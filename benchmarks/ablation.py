@@ -41,16 +41,20 @@ from typing import Any
 
 import torch
 import yaml
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from minigpt.data import DataConfig, prepare
 from minigpt.model import GPT, GPTConfig
 from minigpt.training.allocator import keep_freed_memory
+from minigpt.training.averaging import EMAWeights
 from minigpt.training.config import OptimConfig
 from minigpt.training.loss import next_token_loss
 from minigpt.training.optim import build_optimizer
 from quality import log
 
 ROOT = Path(__file__).resolve().parents[1]
+EMA = "minigpt.training.averaging.EMAWeights"
+"""The weight-averaging callback; a variant appends it to the config's callbacks."""
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "baseline": {},
@@ -65,6 +69,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "vres": {"model.gpt.value_residual": True},
     "unet": {"model.gpt.unet_skips": True},
     "embnorm": {"model.gpt.embed_norm": True},
+    "ema": {"trainer.callbacks+": EMA, "trainer.callbacks.decay": 0.995},
+    "ema998": {"trainer.callbacks+": EMA, "trainer.callbacks.decay": 0.998},
     "untied": {"model.gpt.tie_weights": False},
     "tied": {"model.gpt.tie_weights": True},
     "wsd": {"model.optim.schedule": "wsd", "model.optim.decay_fraction": 0.4},
@@ -134,10 +140,25 @@ def section(config: dict[str, Any], extra: dict[str, Any], name: str) -> dict[st
 # -- 1. timing ------------------------------------------------------------------------------------
 
 
+def ema_decay(config: dict[str, Any], extra: dict[str, Any]) -> float | None:
+    """The decay of the EMAWeights the variant trains with (the config's or its own), or None."""
+    if extra.get("trainer.callbacks+") == EMA:
+        return float(extra.get("trainer.callbacks.decay", EMAWeights().decay))
+    for callback in config["trainer"].get("callbacks") or []:
+        if callback.get("class_path") == EMA:
+            return float((callback.get("init_args") or {}).get("decay", EMAWeights().decay))
+    return None
+
+
 def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int) -> Any:
-    """A function that runs one training step of the variant and returns its seconds."""
+    """A function that runs one training step of the variant and returns its seconds (with the
+    weight average's update after the optimizer's step, where the variant keeps one)."""
     gpt = GPT(GPTConfig(**{**section(config, extra, "gpt"), "vocab_size": vocab_size}))
     optimizer = build_optimizer(gpt, OptimConfig(**section(config, extra, "optim")))
+    decay = ema_decay(config, extra)
+    average = None
+    if decay is not None:  # what EMAWeights does after each step
+        average = AveragedModel(gpt, use_buffers=False, multi_avg_fn=get_ema_multi_avg_fn(decay))
     batch = int(extra.get("data.config.batch_size", current(config, "data.config.batch_size")))
     ids = torch.randint(vocab_size, (batch, gpt.config.context_length + 1), generator=torch.Generator())
     x, y = ids[:, :-1], ids[:, 1:]
@@ -150,6 +171,8 @@ def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int) -
         torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if average is not None:
+            average.update_parameters(gpt)
         return time.perf_counter() - start
 
     return step
@@ -226,7 +249,7 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def cli_overrides(extra: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for key, value in extra.items():
-        out += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+        out.append(f"--{key}=" + (str(value).lower() if isinstance(value, bool) else str(value)))
     return out
 
 

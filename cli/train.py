@@ -133,7 +133,15 @@ class MiniGPTCLI(LightningCLI):
         return trainer
 
     def instantiate_classes(self) -> None:
-        super().instantiate_classes()
+        try:
+            super().instantiate_classes()
+        except ValueError as err:
+            # jsonargparse wraps what a class raised while it was built (a callback's ConfigError)
+            # in its own error, whose message lists every object of the list it was in.
+            cause = user_error_in(err)
+            if cause is None:
+                raise
+            raise cause from None
         if isinstance(self.trainer.strategy, FSDPStrategy | ModelParallelStrategy):
             if self.model.optim_config.optimizer == "muon":
                 raise UsageError(
@@ -143,6 +151,17 @@ class MiniGPTCLI(LightningCLI):
         if (tokens := self.config.get("tokens_per_step")) is not None:
             data = self.datamodule
             apply_tokens_per_step(self.trainer, tokens, data.config.batch_size, data.context_length)
+
+
+def user_error_in(err: BaseException) -> BaseException | None:
+    """The first error a user can cause in `err`'s chain of causes, if there is one."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, USER_ERRORS):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def use_pretrained_shape(config: Namespace, given: set[str]) -> None:

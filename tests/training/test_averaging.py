@@ -1,0 +1,127 @@
+"""EMAWeights: the average it keeps, what validation and checkpoints see, resuming, bad settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from torch.testing import assert_close
+
+from minigpt.data import DataConfig, TextDataModule
+from minigpt.model import ConfigError, GPTConfig
+from minigpt.training.averaging import EMAWeights
+from minigpt.training.config import OptimConfig
+from minigpt.training.lit import LitGPT
+
+from .conftest import run_script, tiny_args
+
+GPT = GPTConfig(context_length=16, n_layer=1, n_head=2, n_embd=16)
+
+
+class RawWeights(L.Callback):
+    """The weights the optimizer left after each step, and what validation ran on."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, torch.Tensor]] = []
+        self.validated: list[dict[str, torch.Tensor]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.steps.append({n: p.detach().clone() for n, p in pl_module.named_parameters()})
+
+    def on_validation_end(self, trainer, pl_module) -> None:  # where SampleText draws its sample
+        self.validated.append({n: p.detach().clone() for n, p in pl_module.named_parameters()})
+
+
+def fit(corpus: Path, tmp_path: Path, max_steps: int, *callbacks: L.Callback, ckpt_path: str | None = None):
+    L.seed_everything(0)
+    lit = LitGPT(GPT, OptimConfig(lr=3e-2, warmup_steps=0))
+    data = DataConfig(source=str(corpus), tokenizer="char", cache_dir=str(tmp_path / "cache"), batch_size=4)
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        val_check_interval=3,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+        accelerator="cpu",
+        logger=False,
+        callbacks=list(callbacks),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(lit, datamodule=TextDataModule(data, context_length=GPT.context_length), ckpt_path=ckpt_path)
+    return lit
+
+
+def test_the_average_is_the_ema_of_each_step_s_weights_and_validation_runs_on_it(
+    corpus: Path, tmp_path: Path
+) -> None:
+    raw = RawWeights()
+    lit = fit(corpus, tmp_path, 6, raw, EMAWeights(decay=0.8))
+    expected = raw.steps[0]  # the average starts as the weights after the first step
+    averages = [expected]
+    for weights in raw.steps[1:]:
+        expected = {n: 0.8 * expected[n] + 0.2 * weights[n] for n in expected}
+        averages.append(expected)
+    assert len(raw.validated) == 2  # after steps 3 and 6
+    for validated, average in zip(raw.validated, (averages[2], averages[5]), strict=True):
+        for name, value in validated.items():
+            assert_close(value, average[name], msg=name)
+    final = dict(lit.named_parameters())
+    for name, value in averages[-1].items():  # the run ends with the average in the model
+        assert_close(final[name].detach(), value, msg=name)
+        assert not torch.equal(value, raw.steps[-1][name]) or "ln_" in name
+
+
+def test_checkpoints_hold_the_average_and_resume_the_raw_weights(corpus: Path, tmp_path: Path) -> None:
+    raw = RawWeights()
+    every_3 = L.pytorch.callbacks.ModelCheckpoint(every_n_train_steps=3, save_top_k=-1, filename="{step}")
+    straight = fit(corpus, tmp_path / "straight", 6, raw, EMAWeights(decay=0.8), every_3)
+    saved = tmp_path / "straight" / "checkpoints" / "step=3.ckpt"
+    checkpoint = torch.load(saved, weights_only=False)
+    averaged, current = checkpoint["state_dict"], checkpoint["current_model_state"]
+    for name, value in raw.validated[0].items():
+        assert_close(averaged[name], value, msg=name)
+    for name, value in raw.steps[2].items():
+        assert_close(current[name], value, msg=name)
+
+    resumed = fit(corpus, tmp_path / "resumed", 6, EMAWeights(decay=0.8), ckpt_path=str(saved))
+    for (name, a), b in zip(straight.named_parameters(), resumed.parameters(), strict=True):
+        assert_close(a, b, msg=name)  # the average after step 6, either way
+
+
+@pytest.mark.parametrize("decay", [0.0, 1.0, -0.5])
+def test_a_decay_outside_0_1_is_refused(decay: float) -> None:
+    with pytest.raises(
+        ConfigError, match=f"EMAWeights decay must be between 0 and 1 \\(exclusive\\), got {decay}"
+    ):
+        EMAWeights(decay=decay)
+
+
+def test_train_py_with_ema_samples_from_the_average_and_refuses_a_bad_decay(
+    corpus: Path, tmp_path: Path
+) -> None:
+    ema = ["--trainer.callbacks+=minigpt.training.averaging.EMAWeights", "--trainer.max_steps", "6"]
+    run = tmp_path / "run"
+    result = run_script(
+        "train.py", *tiny_args(corpus, run, *ema, "--trainer.callbacks.decay", "0.9"), cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    sample = run_script(
+        "generate.py", "--checkpoint", str(run), "--prompt", "the", "--max_new_tokens", "8", cwd=tmp_path
+    )
+    assert sample.returncode == 0 and sample.stdout.startswith("the"), sample.stderr
+
+    bad = run_script(
+        "train.py",
+        *tiny_args(corpus, tmp_path / "bad", *ema, "--trainer.callbacks.decay", "1.5"),
+        cwd=tmp_path,
+    )
+    assert bad.returncode != 0
+    assert (
+        bad.stderr.strip()
+        .splitlines()[-1]
+        .endswith("EMAWeights decay must be between 0 and 1 (exclusive), got 1.5")
+    )
+    assert "Traceback" not in bad.stderr

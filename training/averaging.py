@@ -1,0 +1,64 @@
+"""An exponential moving average of the weights: what validation, checkpoints and the finished
+run use, while the optimizer keeps stepping the raw weights.
+
+Averaging the last few hundred steps' weights smooths out the noise of the last updates, which a
+learning-rate decay alone only damps (benchmarks/RESULTS.md measures it at small.yaml's shape).
+This is Lightning's `WeightAveraging` callback with an EMA, made to fit how this project builds
+its model.
+"""
+
+from __future__ import annotations
+
+import lightning as L
+from lightning.pytorch.callbacks import WeightAveraging
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from minigpt.model import ConfigError
+
+
+class EMAWeights(WeightAveraging):
+    """After every optimizer step: average = decay * average + (1 - decay) * weights.
+
+    The average starts as the weights after the first step. Validation runs on the average, so
+    `val_loss` and the best checkpoint are the average's, and so are the samples and attention
+    maps drawn when validation ends, from callbacks listed before this one. Each checkpoint's
+    `state_dict` holds the average (generate.py and export read that) and the run ends with it
+    in the model; a checkpoint keeps the raw weights too (`current_model_state`), so
+    `--ckpt_path` resumes training where it stopped. Buffers (the causal mask, rotary tables) are
+    not averaged: they never change.
+
+    Args:
+        decay: The weight of the past per step; 0.995 averages over roughly the last 200 steps
+            (the weights of step t - k count 0.995^k).
+    """
+
+    def __init__(self, decay: float = 0.995) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ConfigError(f"EMAWeights decay must be between 0 and 1 (exclusive), got {decay}")
+        super().__init__(use_buffers=False, multi_avg_fn=get_ema_multi_avg_fn(decay))
+        self.decay = decay
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Lightning's version warns about any `configure_model`; ours only builds the network
+        # (no sharding), which must exist before the average copies it.
+        if stage == "fit":
+            pl_module.configure_model()
+            self._average_model = AveragedModel(pl_module, use_buffers=False, **self._kwargs)
+
+    # Lightning swaps the average in for the validation epoch alone. Swapping it in for the whole
+    # validation stage lets the callbacks that run when validation ends (SampleText,
+    # AttentionMaps) see it too; ModelCheckpoint, which Lightning always runs last, still finds
+    # the raw weights back in place when it saves.
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._average_model is not None:
+            self._swap_models(pl_module)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._average_model is not None:
+            self._swap_models(pl_module)
