@@ -70,6 +70,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "unet": {"model.gpt.unet_skips": True},
     "embnorm": {"model.gpt.embed_norm": True},
     "ema": {"trainer.callbacks+": EMA, "trainer.callbacks.decay": 0.995},
+    "ema99": {"trainer.callbacks+": EMA, "trainer.callbacks.decay": 0.99},
     "ema998": {"trainer.callbacks+": EMA, "trainer.callbacks.decay": 0.998},
     "untied": {"model.gpt.tie_weights": False},
     "tied": {"model.gpt.tie_weights": True},
@@ -78,6 +79,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "lr_x2": {"model.optim.lr": "x2", "model.optim.min_lr": "x2"},
     "lr_half": {"model.optim.lr": "x0.5", "model.optim.min_lr": "x0.5"},
     "muon_lr_x2": {"model.optim.muon_lr": 0.04},
+    "muon_lr_x1.5": {"model.optim.muon_lr": 0.03},
+    "min_lr_x3": {"model.optim.min_lr": "x3"},
     "muon_lr_half": {"model.optim.muon_lr": 0.01},
     "dropout": {"model.gpt.dropout": 0.1},
     "dropout2": {"model.gpt.dropout": 0.2},
@@ -90,6 +93,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "deep6": {"model.gpt.n_layer": 6},
     "deep8": {"model.gpt.n_layer": 8},
     "batch_x2": {"data.config.batch_size": "x2"},
+    "batch_x3": {"data.config.batch_size": "x3"},
     "batch_half": {"data.config.batch_size": "x0.5"},
     "ctx256": {"model.gpt.context_length": 256, "data.config.batch_size": "x0.5"},  # same tokens a step
 }
@@ -280,8 +284,14 @@ def main() -> None:
     if args.over:
         config = merged(config, read_yaml(args.over))
     variants = [v for v in args.variants.split(",") if v]
+    has_ema = any(c.get("class_path") == EMA for c in config["trainer"].get("callbacks") or [])
     for variant in variants:
-        settings(variant, config)  # fail on a typo before any work
+        extra = settings(variant, config)  # fail on a typo before any work
+        if has_ema and extra.get("trainer.callbacks+") == EMA:
+            raise SystemExit(
+                f"error: {args.config} already averages its weights; "
+                f"variant {variant} would add a second EMAWeights"
+            )
     seeds = [int(s) for s in args.seeds.split(",")]
     full_steps = int(config["trainer"]["max_steps"])
     base_steps = args.steps or full_steps
