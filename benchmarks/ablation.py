@@ -144,13 +144,17 @@ def section(config: dict[str, Any], extra: dict[str, Any], name: str) -> dict[st
 # -- 1. timing ------------------------------------------------------------------------------------
 
 
+def config_ema(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The config's own EMAWeights entry under `trainer.callbacks`, or None."""
+    return next((c for c in config["trainer"].get("callbacks") or [] if c.get("class_path") == EMA), None)
+
+
 def ema_decay(config: dict[str, Any], extra: dict[str, Any]) -> float | None:
     """The decay of the EMAWeights the variant trains with (the config's or its own), or None."""
     if extra.get("trainer.callbacks+") == EMA:
         return float(extra.get("trainer.callbacks.decay", EMAWeights().decay))
-    for callback in config["trainer"].get("callbacks") or []:
-        if callback.get("class_path") == EMA:
-            return float((callback.get("init_args") or {}).get("decay", EMAWeights().decay))
+    if (callback := config_ema(config)) is not None:
+        return float((callback.get("init_args") or {}).get("decay", EMAWeights().decay))
     return None
 
 
@@ -284,7 +288,7 @@ def main() -> None:
     if args.over:
         config = merged(config, read_yaml(args.over))
     variants = [v for v in args.variants.split(",") if v]
-    has_ema = any(c.get("class_path") == EMA for c in config["trainer"].get("callbacks") or [])
+    has_ema = config_ema(config) is not None
     for variant in variants:
         extra = settings(variant, config)  # fail on a typo before any work
         if has_ema and extra.get("trainer.callbacks+") == EMA:
