@@ -7,10 +7,10 @@ The budget is the time the baseline (the config as it is) needs for `--steps` st
 that makes a step slower gets proportionally fewer steps, so every variant has the same time:
 
 1. **Timing.** One training step (forward, backward, clipping, optimizer) of every variant is
-   timed in this process, with the project's own model, optimizer, bf16 autocast and allocator
-   setting, on random ids. The variants take turns for `--rounds` rounds, so a machine whose
-   speed drifts slows them alike; each variant's speed is its median relative to the baseline's
-   in the same round.
+   timed in this process, with the project's own model, optimizer, precision (bf16 autocast, or
+   fp32 where the CPU has no native bf16, as train.py decides) and allocator setting, on random
+   ids. The variants take turns for `--rounds` rounds, so a machine whose speed drifts slows
+   them alike; each variant's speed is its fastest step relative to the baseline's.
 2. **Training.** Each variant then trains through `train.py` for `--steps` x its relative speed
    steps, its warmup scaled with them, and validates once at the end on the whole validation
    split. These runs are deterministic on a CPU: their losses do not depend on how busy the
@@ -50,6 +50,7 @@ from minigpt.training.averaging import EMAWeights
 from minigpt.training.config import OptimConfig
 from minigpt.training.loss import next_token_loss
 from minigpt.training.optim import build_optimizer
+from minigpt.training.precision import resolve_precision
 from quality import log
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,6 +60,7 @@ EMA = "minigpt.training.averaging.EMAWeights"
 VARIANTS: dict[str, dict[str, Any]] = {
     "baseline": {},
     "muon": {"model.optim.optimizer": "muon"},
+    "adamw": {"model.optim.optimizer": "adamw"},
     "muon_ns3": {"model.optim.optimizer": "muon", "model.optim.muon_ns_steps": 3},
     "rope": {"model.gpt.position_embedding": "rope"},
     "qk_norm": {"model.gpt.qk_norm": True},
@@ -170,10 +172,13 @@ def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int) -
     batch = int(extra.get("data.config.batch_size", current(config, "data.config.batch_size")))
     ids = torch.randint(vocab_size, (batch, gpt.config.context_length + 1), generator=torch.Generator())
     x, y = ids[:, :-1], ids[:, 1:]
+    # The precision train.py trains this config in on this machine: bf16 autocast, or fp32 where
+    # the CPU has no native bf16.
+    bf16 = resolve_precision(config["trainer"].get("precision")) == "bf16-mixed"
 
     def step() -> float:
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = next_token_loss(gpt(x), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .config import OptimConfig
+from .muon import Muon
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
@@ -36,7 +37,7 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     adamw = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), fused=fused)
     if not matrices:
         return adamw
-    muon = torch.optim.Muon(
+    muon = Muon(
         matrices,
         lr=config.muon_lr,
         weight_decay=config.weight_decay,
