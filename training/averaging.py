@@ -9,7 +9,10 @@ its model.
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import WeightAveraging
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
@@ -37,11 +40,13 @@ class EMAWeights(WeightAveraging):
             raise ConfigError(f"EMAWeights decay must be between 0 and 1 (exclusive), got {decay}")
         super().__init__(use_buffers=False, multi_avg_fn=get_ema_multi_avg_fn(decay))
         self.decay = decay
+        self._raw_at_end: dict[str, torch.Tensor] | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # Lightning's version warns about any `configure_model`; ours only builds the network
         # (no sharding), which must exist before the average copies it.
         if stage == "fit":
+            self._raw_at_end = None
             pl_module.configure_model()
             self._average_model = AveragedModel(pl_module, use_buffers=False, **self._kwargs)
 
@@ -62,3 +67,17 @@ class EMAWeights(WeightAveraging):
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._average_model is not None:
             self._swap_models(pl_module)
+
+    # Lightning ends the run by copying the average into the model, and ModelCheckpoint, which runs
+    # after every other callback, then saves `last` when no validation saved it at the last step.
+    # That checkpoint must still resume from the raw weights, not train on from the average.
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._raw_at_end = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        super().on_train_end(trainer, pl_module)
+
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        if self._raw_at_end is not None and "current_model_state" in checkpoint:
+            checkpoint["current_model_state"] = self._raw_at_end

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from minigpt.common import duration
 from minigpt.model.gpt import parameter_count
 
 from .flops import training_flops_per_token
+from .precision import cpu_description
 from .throughput import tokens_per_step
 
 log = logging.getLogger("minigpt")
@@ -58,6 +60,23 @@ def _tokens(n: float) -> str:
     return f"{n:.0f}"
 
 
+def _device(device: torch.device) -> str:
+    if device.type == "cpu":
+        return f"cpu ({cpu_description()})"
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    return device.type
+
+
+def _orthogonalisation(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
+    """The precision Muon's Newton-Schulz products run in, where the run uses Muon."""
+    muon = next((getattr(o, "muon", None) for o in trainer.optimizers if hasattr(o, "muon")), None)
+    if muon is None:
+        return ""
+    dtype = muon.orthogonalisation_dtype(pl_module.device)
+    return f"; Muon orthogonalises in {str(dtype).removeprefix('torch.')}"
+
+
 class RunSummary(L.Callback):
     """Prints what the run is about to do before its first step, and what it did after its last.
 
@@ -99,7 +118,7 @@ class RunSummary(L.Callback):
             f"{'process' if trainer.world_size == 1 else 'processes'}) = {_tokens(total)} tokens, "
             f"{total / max(train_tokens, 1):.1f} passes over the training tokens",
             f"compute: {flops / 1e6:.1f} MFLOPs per token, {flops * total / 1e15:.2f} PFLOPs in all; "
-            f"{trainer.precision} on {pl_module.device.type}",
+            f"{trainer.precision} on {_device(pl_module.device)}{_orthogonalisation(trainer, pl_module)}",
             f"output: {trainer.default_root_dir}",
         ]
         log.info("\n".join(lines))

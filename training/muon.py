@@ -15,7 +15,7 @@ from .precision import fast_matmul_dtype
 
 class Muon(torch.optim.Muon):
     """`torch.optim.Muon` with the same update, options and state (a checkpoint of one loads into
-    the other), computed differently in two ways:
+    the other), computed differently in three ways:
 
     - **Precision.** torch orthogonalises in bf16 on every device, and a CPU without native bf16
       emulates bf16 products: a 256x1024 matrix's five Newton-Schulz steps take ~0.7 s instead of
@@ -25,7 +25,10 @@ class Muon(torch.optim.Muon):
       another kind of machine orthogonalises in that machine's precision.
     - **Batching.** The matrices of a group that share a shape (a tall one counts as its
       transpose) are stacked and go through each Newton-Schulz step as one batched product, rather
-      than one product per matrix: fewer, larger calls.
+      than one product per matrix: fewer, larger calls (in fp32 on 2 cores, 16 matrices of
+      128 x 128 in half the time; at 256 x 256 no faster, no slower).
+    - **The Gram form in fp32.** Matrices at least twice as wide as tall (the MLP's) iterate on
+      their small Gram matrix, the same polynomial with ~40% fewer FLOPs (`newton_schulz`).
     """
 
     def __init__(self, params: Any, *, ns_dtype: torch.dtype | None = None, **options: Any) -> None:
@@ -104,11 +107,38 @@ def _wide(matrix: Tensor) -> Tensor:
 def newton_schulz(stack: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
     """X <- a X + (b A + c A^2) X with A = X X^T, on a (N, rows, cols) stack of wide matrices,
     each first scaled to unit Frobenius norm so its spectral norm is at most 1. The singular values
-    move towards 1 (roughly into 0.5-1.5 after five steps, as in torch's and Keller Jordan's)."""
+    move towards 1 (roughly into 0.5-1.5 after five steps, as in torch's and Keller Jordan's).
+
+    In fp32, matrices at least twice as wide as tall take the same steps on the small Gram matrix
+    instead (`_newton_schulz_gram`), which does fewer products."""
     a, b, c = coefficients
     x = stack / torch.linalg.matrix_norm(stack, keepdim=True).clamp(min=eps)
+    if stack.dtype == torch.float32 and stack.size(-1) >= 2 * stack.size(-2):
+        return _newton_schulz_gram(x, coefficients, steps)
     for _ in range(steps):
         gram = x @ x.mT  # (N, rows, rows)
         polynomial = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
         x = torch.baddbmm(x, polynomial, x, beta=a)
     return x
+
+
+def _newton_schulz_gram(x: Tensor, coefficients: tuple[float, float, float], steps: int) -> Tensor:
+    """The same iteration, carried out on (rows x rows) matrices only.
+
+    Each step multiplies X by P = a I + b A + c A^2, a polynomial in A = X X^T, so after k steps
+    X_k = Q_k X_0 with Q_k = P_k ... P_1, and A_{k+1} = P_k A_k P_k: every P, Q and A commute.
+    Iterating on A and Q costs ~4 rows^3 a step instead of ~2 rows^2 cols + rows^3, plus
+    2 rows^2 cols once (A_0 and Q X_0): at 4x as wide as tall, ~40% fewer FLOPs. Its rounding
+    differs from the direct iteration's by ~1e-6 in fp32; in bf16 the repeated products of A
+    drift, so bf16 keeps the direct iteration."""
+    a, b, c = coefficients
+    gram = x @ x.mT  # (N, rows, rows)
+    product = None
+    for step in range(steps):
+        polynomial = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        polynomial.diagonal(dim1=-2, dim2=-1).add_(a)
+        product = polynomial if product is None else polynomial @ product
+        if step < steps - 1:
+            gram = polynomial @ (gram @ polynomial)
+    assert product is not None
+    return product @ x

@@ -4,6 +4,7 @@ model's (`trainer.precision`) and the one Muon orthogonalises in, decided by the
 from __future__ import annotations
 
 import logging
+import platform
 from typing import Any
 
 import torch
@@ -47,3 +48,23 @@ def resolve_precision(precision: Any) -> Any:
         log.warning("this GPU has no bf16; training with fp16 mixed precision instead")
         return "16-mixed"
     return precision
+
+
+def cpu_description() -> str:
+    """This CPU's name and what decides its speed here, e.g. "AMD EPYC (family 25 model 1), AVX2,
+    no native bf16": figures taken on one kind of CPU do not carry over to the other."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+                if not line.strip():
+                    break  # the first processor's block is enough
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"{name}, {capability}, {'native' if has_native_bf16('cpu') else 'no native'} bf16"

@@ -90,6 +90,30 @@ def step_matmuls(shape: Shape, batch: int) -> list[tuple[str, int, int, int, int
     return products
 
 
+def time_step_matmuls(shape: Shape, batch: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
+    """Seconds of one training step's matrix products (`step_matmuls`) by layer kind, each product
+    timed alone in `dtype` on preallocated operands and output, best of 3 after one warm-up call."""
+    seconds: dict[str, float] = {}
+    flops = 0
+    for what, count, m, k, n in step_matmuls(shape, batch):
+        bmm = what == "attention"
+        a = torch.randn((count, m, k) if bmm else (m, k)).to(dtype)
+        b = torch.randn((count, k, n) if bmm else (k, n)).to(dtype)
+        out = torch.empty((count, m, n) if bmm else (m, n), dtype=dtype)
+        best = float("inf")
+        for _ in range(4):  # the first call sets up the kernel and touches the output
+            start = now()
+            torch.matmul(a, b, out=out)
+            best = min(best, now() - start)
+        seconds[what] = seconds.get(what, 0.0) + best * (1 if bmm else count)
+        flops += 2 * count * m * k * n
+        del a, b, out
+    tokens = batch * shape.context
+    if flops != shape.flops_per_token() * tokens:
+        raise RuntimeError(f"step_matmuls counts {flops} FLOPs, the model {shape.flops_per_token() * tokens}")
+    return seconds
+
+
 class MatmulBound:
     """The matrix products of a training step, each timed alone: one round per training repeat.
 
@@ -102,27 +126,7 @@ class MatmulBound:
         """(section, shape) -> repeat -> seconds per layer kind."""
 
     def measure(self, section: str, shape: Shape, batch: int, r: int) -> None:
-        seconds: dict[str, float] = {}
-        flops = 0
-        for what, count, m, k, n in step_matmuls(shape, batch):
-            bmm = what == "attention"
-            a = torch.randn((count, m, k) if bmm else (m, k)).to(torch.bfloat16)
-            b = torch.randn((count, k, n) if bmm else (k, n)).to(torch.bfloat16)
-            out = torch.empty((count, m, n) if bmm else (m, n), dtype=torch.bfloat16)
-            best = float("inf")
-            for _ in range(4):  # the first call sets up the kernel and touches the output
-                start = now()
-                torch.matmul(a, b, out=out)
-                best = min(best, now() - start)
-            seconds[what] = seconds.get(what, 0.0) + best * (1 if bmm else count)
-            flops += 2 * count * m * k * n
-            del a, b, out
-        tokens = batch * shape.context
-        if flops != shape.flops_per_token() * tokens:
-            raise RuntimeError(
-                f"step_matmuls counts {flops} FLOPs, the model {shape.flops_per_token() * tokens}"
-            )
-        self.rounds.setdefault((section, shape.name), {})[r] = seconds
+        self.rounds.setdefault((section, shape.name), {})[r] = time_step_matmuls(shape, batch)
 
     def totals(self, section: str, shape_name: str) -> dict[int, float]:
         """Seconds of all the step's products, per repeat."""

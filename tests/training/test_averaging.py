@@ -34,9 +34,16 @@ class RawWeights(L.Callback):
         self.validated.append({n: p.detach().clone() for n, p in pl_module.named_parameters()})
 
 
-def fit(corpus: Path, tmp_path: Path, max_steps: int, *callbacks: L.Callback, ckpt_path: str | None = None):
+def fit(
+    corpus: Path,
+    tmp_path: Path,
+    max_steps: int,
+    *callbacks: L.Callback,
+    ckpt_path: str | None = None,
+    optim: OptimConfig = OptimConfig(lr=3e-2, warmup_steps=0),
+):
     L.seed_everything(0)
-    lit = LitGPT(GPT, OptimConfig(lr=3e-2, warmup_steps=0))
+    lit = LitGPT(GPT, optim)
     data = DataConfig(source=str(corpus), tokenizer="char", cache_dir=str(tmp_path / "cache"), batch_size=4)
     trainer = L.Trainer(
         max_steps=max_steps,
@@ -89,6 +96,35 @@ def test_checkpoints_hold_the_average_and_resume_the_raw_weights(corpus: Path, t
     resumed = fit(corpus, tmp_path / "resumed", 6, EMAWeights(decay=0.8), ckpt_path=str(saved))
     for (name, a), b in zip(straight.named_parameters(), resumed.parameters(), strict=True):
         assert_close(a, b, msg=name)  # the average after step 6, either way
+
+
+def test_a_run_that_ends_between_validations_saves_its_raw_weights_to_resume_from(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """`last` written at the end of a run (no validation at its last step) resumes the raw weights:
+    the run continued to more steps is the run that had them from the start."""
+    constant = OptimConfig(lr=3e-2, min_lr=3e-2, warmup_steps=0)  # max_steps does not move the schedule
+    raw = RawWeights()
+    last = L.pytorch.callbacks.ModelCheckpoint(save_last=True, save_top_k=0)
+    fit(corpus, tmp_path / "short", 5, raw, EMAWeights(decay=0.8), last, optim=constant)
+    checkpoint = torch.load(tmp_path / "short" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 5  # validations at 3 only: saved when the run ended
+    for name, value in raw.steps[4].items():
+        assert_close(checkpoint["current_model_state"][name], value, msg=name)
+        if "ln_" not in name:
+            assert not torch.equal(checkpoint["state_dict"][name], value), name  # the average
+
+    straight = fit(corpus, tmp_path / "straight", 8, EMAWeights(decay=0.8), optim=constant)
+    resumed = fit(
+        corpus,
+        tmp_path / "resumed",
+        8,
+        EMAWeights(decay=0.8),
+        ckpt_path=str(tmp_path / "short" / "checkpoints" / "last.ckpt"),
+        optim=constant,
+    )
+    for (name, a), b in zip(straight.named_parameters(), resumed.parameters(), strict=True):
+        assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.parametrize("decay", [0.0, 1.0, -0.5])

@@ -25,6 +25,7 @@ from minigpt.training.config import SampleConfig
 
 from ..cli.test_train_cli import parse
 from .conftest import run_script
+from .test_muon import RecordMatmulDtypes
 from .test_train_generate import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -151,3 +152,29 @@ def ends_every_text(state: dict[str, torch.Tensor], eot: int) -> dict[str, torch
     state["model.transformer.ln_f.weight"] = torch.zeros_like(state["model.transformer.ln_f.weight"])
     state["model.transformer.ln_f.bias"] = wte[eot].clone()
     return state
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_small_yaml_multiplies_in_bf16_only_where_the_cpu_has_it(
+    native_bf16: bool,
+    corpus: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The class of slowdown where a CPU without native bf16 emulates bf16 products (10-50x slower
+    than fp32): no matrix product of the run, model or Muon, is bf16 where the CPU lacks it. On
+    such a CPU the False case is this machine as it is; on one with bf16 it is that decision."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(precision, "_cpu_has_bf16", lambda: native_bf16)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    args = small_args(corpus, tmp_path / "run", "--data.config.tokenizer", "char", "--trainer.max_steps", "3")
+    with caplog.at_level(logging.INFO, logger="minigpt"), RecordMatmulDtypes() as record:
+        assert train_main(args) == 0
+    if native_bf16:
+        assert torch.bfloat16 in record.dtypes
+        assert "bf16-mixed on cpu" in caplog.text and "Muon orthogonalises in bfloat16" in caplog.text
+    else:
+        assert record.dtypes == {torch.float32}
+        assert "32-true on cpu" in caplog.text and "Muon orthogonalises in float32" in caplog.text

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from minigpt.model import GPT, ConfigError, GPTConfig
+from minigpt.training import precision
 from minigpt.training.config import OptimConfig
+from minigpt.training.muon import Muon, newton_schulz, orthogonalise
 from minigpt.training.optim import MuonWithAdamW, build_optimizer, build_scheduler, lr_at
 
 CONFIG = GPTConfig(vocab_size=40, context_length=8, n_layer=2, n_head=2, n_embd=16)
@@ -114,3 +116,152 @@ def test_fewer_newton_schulz_steps_orthogonalise_less() -> None:
 def test_muon_ns_steps_out_of_range_is_one_line() -> None:
     with pytest.raises(ConfigError, match="muon_ns_steps must be in"):
         OptimConfig(muon_ns_steps=0)
+
+
+# -- our Muon against torch's: the same update, in the precision the device computes fast ----------
+
+
+def muon_pair(
+    ns_dtype: torch.dtype,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.optim.Optimizer, Muon]:
+    """The same parameters (square, wide and tall, shapes repeated) under torch's Muon and ours."""
+    torch.manual_seed(0)
+    shapes = [(16, 16), (16, 16), (48, 16), (16, 48), (16, 48), (8, 24)]
+    theirs = [torch.randn(*s, requires_grad=True) for s in shapes]
+    ours = [p.detach().clone().requires_grad_() for p in theirs]
+    options = {"lr": 0.02, "weight_decay": 0.1, "momentum": 0.95, "adjust_lr_fn": "original"}
+    return theirs, ours, torch.optim.Muon(theirs, **options), Muon(ours, ns_dtype=ns_dtype, **options)
+
+
+def step_both(theirs: list, ours: list, torch_muon: torch.optim.Optimizer, our_muon: Muon) -> None:
+    grads = [torch.randn_like(p) for p in theirs]
+    for p, q, g in zip(theirs, ours, grads, strict=True):
+        p.grad, q.grad = g.clone(), g.clone()
+    torch_muon.step()
+    our_muon.step()
+
+
+@pytest.mark.parametrize("ns_dtype", [torch.bfloat16, torch.float32])
+def test_our_muon_makes_torchs_update_in_either_precision(ns_dtype: torch.dtype) -> None:
+    theirs, ours, torch_muon, our_muon = muon_pair(ns_dtype)
+    start = [p.detach().clone() for p in theirs]
+    for _ in range(3):
+        step_both(theirs, ours, torch_muon, our_muon)
+    for before, p, q in zip(start, theirs, ours, strict=True):
+        moved = (p - before).abs().max()
+        # Within bf16's rounding of the update (3 steps of ~0.02 x unit-scale entries).
+        torch.testing.assert_close(q, p, rtol=0, atol=0.02 * moved.item())
+        assert not torch.equal(q, before)
+    # The state is torch's, buffer for buffer.
+    for p, q in zip(theirs, ours, strict=True):
+        torch.testing.assert_close(
+            our_muon.state[q]["momentum_buffer"], torch_muon.state[p]["momentum_buffer"], rtol=1e-3, atol=1e-4
+        )
+
+
+def test_a_torch_muon_checkpoint_resumes_in_ours_and_ours_in_torchs() -> None:
+    """Checkpoints written before our Muon (torch's state dict) keep resuming, and the other way."""
+    theirs, ours, torch_muon, our_muon = muon_pair(torch.bfloat16)
+    step_both(theirs, ours, torch_muon, our_muon)
+    # A third copy of torch's parameters, resumed in ours from torch's state dict, steps as torch's.
+    resumed = [p.detach().clone().requires_grad_() for p in theirs]
+    resumed_muon = Muon(resumed, lr=0.02, ns_dtype=torch.bfloat16)
+    resumed_muon.load_state_dict(copy.deepcopy(torch_muon.state_dict()))
+    assert resumed_muon.param_groups[0]["weight_decay"] == 0.1  # the saved groups' options
+    grads = [torch.randn_like(p) for p in theirs]
+    for p, q, g in zip(theirs, resumed, grads, strict=True):
+        p.grad, q.grad = g.clone(), g.clone()
+    torch_muon.step()
+    resumed_muon.step()
+    for p, q in zip(theirs, resumed, strict=True):
+        torch.testing.assert_close(q, p, rtol=0, atol=1e-3)
+    torch.optim.Muon(ours, lr=0.02).load_state_dict(copy.deepcopy(our_muon.state_dict()))
+
+
+def with_singular_values(rows: int, cols: int, values: torch.Tensor) -> torch.Tensor:
+    u, _ = torch.linalg.qr(torch.randn(rows, len(values)))
+    v, _ = torch.linalg.qr(torch.randn(cols, len(values)))
+    return u @ torch.diag(values) @ v.T
+
+
+def test_stacked_orthogonalisation_equals_one_matrix_at_a_time_and_is_nearly_orthogonal() -> None:
+    torch.manual_seed(0)
+    spread = torch.logspace(-1, 1, 32)  # singular values from 0.1 to 10: a gradient's spread
+    matrices = [with_singular_values(r, c, spread) for r, c in [(32, 32), (96, 32), (32, 96), (32, 32)]]
+    coefficients = torch.optim._muon.DEFAULT_A, torch.optim._muon.DEFAULT_B, torch.optim._muon.DEFAULT_C
+    together = orthogonalise(matrices, coefficients, 5, 1e-7, torch.float32)
+    for matrix, result in zip(matrices, together, strict=True):
+        alone = orthogonalise([matrix], coefficients, 5, 1e-7, torch.float32)[0]
+        assert result.shape == matrix.shape and result.dtype == torch.float32
+        torch.testing.assert_close(result, alone, rtol=1e-4, atol=1e-5)
+        # Muon's quintic pushes every singular value into a band around 1, not exactly to 1...
+        singular = torch.linalg.svdvals(result)
+        assert 0.5 < singular.min() and singular.max() < 1.5, singular
+        # ...and keeps the singular vectors: U V^T of the matrix's SVD, up to that band.
+        u, _, vh = torch.linalg.svd(matrix, full_matrices=False)
+        assert torch.nn.functional.cosine_similarity((u @ vh).flatten(), result.flatten(), dim=0) > 0.95
+
+
+PRODUCTS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm)
+
+
+class RecordMatmulDtypes(torch.utils._python_dispatch.TorchDispatchMode):
+    """The dtypes of the matrix products run while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dtypes: set[torch.dtype] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func.overloadpacket in PRODUCTS:
+            self.dtypes.add(args[0].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_muon_orthogonalises_in_bf16_only_where_the_cpu_multiplies_it_natively(
+    native_bf16: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(precision, "_cpu_has_bf16", lambda: native_bf16)
+    expected = torch.bfloat16 if native_bf16 else torch.float32
+    _, ours, _, our_muon = muon_pair(ns_dtype=None)
+    assert our_muon.orthogonalisation_dtype("cpu") == expected
+    for p in ours:
+        p.grad = torch.randn_like(p)
+    with RecordMatmulDtypes() as record:
+        our_muon.step()
+    assert record.dtypes == {expected}
+    assert "ns_dtype" not in our_muon.state_dict()["param_groups"][0]  # decided where it runs, not saved
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_on_cuda_muon_orthogonalises_in_bf16_where_the_gpu_has_it(
+    bf16: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
+    muon = Muon([torch.zeros(4, 4, requires_grad=True)])
+    assert muon.orthogonalisation_dtype("cuda") == (torch.bfloat16 if bf16 else torch.float32)
+    assert Muon([torch.zeros(4, 4)], ns_dtype=torch.float32).orthogonalisation_dtype("cuda") == torch.float32
+
+
+def test_the_muon_of_build_optimizer_is_ours() -> None:
+    optimizer = build_optimizer(GPT(CONFIG), OptimConfig(optimizer="muon"))
+    assert type(optimizer.muon) is Muon
+
+
+def test_the_gram_iteration_for_wide_matrices_is_the_direct_iteration() -> None:
+    """fp32 takes wide matrices through the Gram form; float64's direct iteration is the reference."""
+    torch.manual_seed(0)
+    stack = torch.randn(3, 16, 64)
+    coefficients = torch.optim._muon.DEFAULT_A, torch.optim._muon.DEFAULT_B, torch.optim._muon.DEFAULT_C
+    gram = newton_schulz(stack, coefficients, 5, 1e-7)  # fp32, 4x as wide as tall: the Gram form
+    reference = newton_schulz(stack.double(), coefficients, 5, 1e-7)  # float64: the direct form
+    assert gram.dtype == torch.float32
+    torch.testing.assert_close(gram.double(), reference, rtol=0, atol=1e-5)
+    for steps in (1, 2):
+        torch.testing.assert_close(
+            newton_schulz(stack, coefficients, steps, 1e-7).double(),
+            newton_schulz(stack.double(), coefficients, steps, 1e-7),
+            rtol=0,
+            atol=1e-5,
+        )

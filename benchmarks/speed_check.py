@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""Is training as fast as this machine allows? A check that fails on a slow step, on any CPU.
+
+Each shipped CPU config (`small.yaml`, `char.yaml`, and nanoGPT's README "baby GPT" shape through
+`char.yaml`: 4 layers x 4 heads x 128, context 64, batch 12) is timed for a few training steps
+(forward, backward, clipping, optimizer, the weight average where the config keeps one) with the
+project's own model and optimizer, in the precision `train.py` trains it in on this machine (bf16
+autocast, or fp32 where the CPU has no native bf16). Against each step stands the same machine's
+matmul ceiling, measured in the same run and the same precision: every matrix product of that
+step timed alone (`suite.probes.time_step_matmuls`). The fraction ceiling / step says how much of
+the step is the products a model cannot avoid; a step that does something slow besides them (an
+emulated bf16 product, a cast in a loop) drops it however fast the machine is. A config whose
+fraction is below its floor (FLOORS) fails the check, and the script exits 1.
+
+The same shapes with `recipes/gpt2.yaml` laid over them (GPT-2's recipe: AdamW, learned positions,
+GELU) are timed beside them, so the table also gives the recipe's step speed against GPT-2's.
+
+    python benchmarks/speed_check.py                       # all three, ~3 minutes on 2 cores
+    python benchmarks/speed_check.py --cases baby --rounds 5
+
+Cases take turns for `--rounds` rounds, each round timing the ceiling again; every figure is the
+fastest seen, which other work on the machine can only make slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ablation import merged, read_yaml, step_timer
+from minigpt.data import DataConfig, prepare
+from minigpt.model import GPTConfig
+from minigpt.training.allocator import keep_freed_memory
+from minigpt.training.precision import cpu_description, resolve_precision
+
+from suite.probes import time_step_matmuls
+from suite.shapes import Shape
+
+BABY = {
+    "model.gpt.n_layer": 4,
+    "model.gpt.n_head": 4,
+    "model.gpt.n_embd": 128,
+    "model.gpt.context_length": 64,
+    "data.config.batch_size": 12,
+}
+"""nanoGPT's README: "a baby GPT with a tiny context window" on a CPU."""
+
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "small": ("small.yaml", {}),
+    "char": ("char.yaml", {}),
+    "baby": ("char.yaml", BABY),
+}
+
+FLOORS = {"small": 0.25, "char": 0.25, "baby": 0.05}
+"""The lowest fraction of the matmul ceiling each case may reach. Measured (benchmarks/RESULTS.md):
+small 0.5-0.6 and char ~0.6 on either kind of CPU, baby ~0.1-0.15, whose products are so small that
+fixed costs per operation are most of its step. torch's Muon on a CPU without native bf16 (bf16
+orthogonalisation emulated) put small at ~0.1: a floor at about half of what is measured fails
+that and passes ordinary noise."""
+
+
+@dataclass
+class Case:
+    """One config at one shape, timed with its own recipe and with GPT-2's."""
+
+    name: str
+    config: dict[str, Any]
+    extra: dict[str, Any]
+    shape: Shape
+    dtype: torch.dtype
+    timers: dict[str, Any] = field(default_factory=dict)
+    best: dict[str, float] = field(default_factory=dict)
+    ceiling: float = float("inf")
+
+
+def vocab_size(config: dict[str, Any], work: Path) -> int:
+    data = dict(config["data"]["config"], cache_dir=str(work))
+    return prepare(DataConfig(**data)).tokenizer().n_vocab
+
+
+def build_case(name: str, work: Path) -> Case:
+    file, extra = CASES[name]
+    config = read_yaml(file)
+    gpt2 = merged(config, read_yaml("recipes/gpt2.yaml"))
+    vocab = vocab_size(config, work)
+    gpt = {
+        **config["model"]["gpt"],
+        **{k.removeprefix("model.gpt."): v for k, v in extra.items() if "gpt." in k},
+    }
+    batch = int(extra.get("data.config.batch_size", config["data"]["config"]["batch_size"]))
+    shape = Shape(name, GPTConfig(**{**gpt, "vocab_size": vocab}), batch)
+    bf16 = resolve_precision(config["trainer"].get("precision")) == "bf16-mixed"
+    case = Case(name, config, extra, shape, torch.bfloat16 if bf16 else torch.float32)
+    case.timers = {"recipe": step_timer(config, extra, vocab), "gpt2": step_timer(gpt2, extra, vocab)}
+    return case
+
+
+def measure(cases: list[Case], rounds: int, steps: int) -> None:
+    for case in cases:
+        for timer in case.timers.values():
+            timer(), timer()  # warm up: first-touch allocations, oneDNN's kernel choice
+    for r in range(rounds):
+        for case in cases[r % len(cases) :] + cases[: r % len(cases)]:
+            case.ceiling = min(
+                case.ceiling, sum(time_step_matmuls(case.shape, case.shape.batch, case.dtype).values())
+            )
+            for which, timer in case.timers.items():
+                case.best[which] = min(case.best.get(which, float("inf")), *(timer() for _ in range(steps)))
+        print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    p.add_argument("--rounds", type=int, default=3, help="rounds, the cases taking turns")
+    p.add_argument("--steps", type=int, default=2, help="steps timed per case and round")
+    args = p.parse_args()
+    names = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in names if c not in CASES]
+    if unknown or not names:
+        raise SystemExit(
+            f"error: unknown case {unknown[0] if unknown else '(none)'}; known: {', '.join(CASES)}"
+        )
+    keep_freed_memory()  # as train.py does
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="minigpt-speed-") as tmp:
+        cases = [build_case(name, Path(tmp)) for name in names]
+        measure(cases, args.rounds, args.steps)
+    print(
+        f"CPU: {cpu_description()}; {torch.get_num_threads()} threads, torch {torch.__version__}; "
+        f"{args.rounds} rounds x {args.steps} steps in {time.perf_counter() - start:.0f} s\n"
+    )
+    print(
+        "| case | precision | ms/step | matmul ceiling ms | fraction of ceiling | floor "
+        "| GPT-2's recipe ms/step | recipe steps/s vs GPT-2's | |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    failed = []
+    for case in cases:
+        step, gpt2 = case.best["recipe"], case.best["gpt2"]
+        fraction = case.ceiling / step
+        ok = fraction >= FLOORS[case.name]
+        if not ok:
+            failed.append(case.name)
+        dtype = str(case.dtype).removeprefix("torch.")
+        print(
+            f"| {case.name} | {dtype} | {step * 1e3:.0f} | {case.ceiling * 1e3:.0f} | {fraction:.2f} "
+            f"| {FLOORS[case.name]:.2f} | {gpt2 * 1e3:.0f} | {gpt2 / step:.2f}x | {'ok' if ok else 'SLOW'} |"
+        )
+    if failed:
+        print(f"\nerror: {', '.join(failed)}: the step is below its floor of the matmul ceiling")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
