@@ -37,6 +37,7 @@ import torch
 from ablation import merged, read_yaml, step_timer
 from minigpt.data import DataConfig, prepare
 from minigpt.model import GPTConfig
+from minigpt.training import muon
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.precision import cpu_description, resolve_precision
 
@@ -121,7 +122,15 @@ def main() -> None:
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     p.add_argument("--rounds", type=int, default=3, help="rounds, the cases taking turns")
     p.add_argument("--steps", type=int, default=2, help="steps timed per case and round")
+    p.add_argument(
+        "--muon-in-bf16",
+        action="store_true",
+        help="orthogonalise in bf16 whatever the CPU, as torch.optim.Muon does: the regression this "
+        "check was written against, to see it fail on a CPU without native bf16",
+    )
     args = p.parse_args()
+    if args.muon_in_bf16:
+        muon.fast_matmul_dtype = lambda device: torch.bfloat16
     names = [c for c in args.cases.split(",") if c]
     unknown = [c for c in names if c not in CASES]
     if unknown or not names:

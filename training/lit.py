@@ -168,6 +168,7 @@ class LitGPT(L.LightningModule):
         checkpoint[MODEL_KEY] = describe(self.gpt_config, self.tokenizer_spec)
         # Dropout draws from torch's generator: restoring it makes a resumed run exact.
         checkpoint["torch_rng_state"] = torch.get_rng_state()
+        _keep_a_stopped_epoch_open(self.trainer, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get(MODEL_KEY)
@@ -199,3 +200,16 @@ FUNCTION_KEYS = FUNCTION_SETTINGS
 
 def _shape(gpt: dict[str, Any]) -> str:
     return "(" + ", ".join(f"{k}={gpt.get(k)}" for k in SHAPE_KEYS) + ")"
+
+
+def _keep_a_stopped_epoch_open(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
+    """A run stopped by ``max_steps`` part-way through an epoch ends that epoch in Lightning's
+    books; a checkpoint saved then would resume at the next epoch's first batch, skipping the rest
+    of this one. Record the epoch as started but not finished, as a checkpoint saved between steps
+    records it, so ``--ckpt_path last`` with a larger ``max_steps`` goes on with the next batch."""
+    fit = checkpoint.get("loops", {}).get("fit_loop")
+    if fit is None or trainer.fit_loop.epoch_loop.batch_progress.current.ready >= trainer.num_training_batches:
+        return
+    for counts in fit["epoch_progress"].values():  # "total" and "current"
+        if counts["processed"] == counts["started"]:
+            counts["processed"] = counts["completed"] = counts["started"] - 1

@@ -90,6 +90,9 @@ class MuonWithAdamW(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.muon.load_state_dict(state_dict["muon"])
         self.adamw.load_state_dict(state_dict["adamw"])
+        # Loading replaces each optimizer's group dicts with new ones: share them again, or the
+        # scheduler would go on scaling the old dicts and a resumed run keep its saved rates.
+        self.param_groups = self.muon.param_groups + self.adamw.param_groups
 
 
 def lr_at(step: int, config: OptimConfig, total_steps: int) -> float:

@@ -82,6 +82,35 @@ def test_the_schedule_scales_both_optimizers_learning_rates() -> None:
     assert optimizer.adamw.param_groups[0]["lr"] == pytest.approx(5e-4)
 
 
+def test_a_resumed_schedule_still_reaches_both_optimizers() -> None:
+    """After load_state_dict the scheduler's groups are the optimizers' own again: a run resumed
+    in warmup ramps its learning rates exactly as the run that was never stopped."""
+    model = GPT(CONFIG)
+    config = OptimConfig(optimizer="muon", warmup_steps=5)
+    straight = build_optimizer(model, config)
+    straight_schedule = build_scheduler(straight, config, total_steps=20)
+    for _ in range(3):
+        straight.step()
+        straight_schedule.step()
+    resumed = build_optimizer(model, config)
+    resumed_schedule = build_scheduler(resumed, config, total_steps=20)
+    resumed.load_state_dict(copy.deepcopy(straight.state_dict()))
+    resumed_schedule.load_state_dict(straight_schedule.state_dict())
+    for _ in range(3):
+        for optimizer, schedule in ((straight, straight_schedule), (resumed, resumed_schedule)):
+            optimizer.step()
+            schedule.step()
+        for inner in ("muon", "adamw"):
+            rates = [[g["lr"] for g in getattr(o, inner).param_groups] for o in (straight, resumed)]
+            assert rates[0] == rates[1], inner
+    assert all(
+        a is b
+        for a, b in zip(
+            resumed.param_groups, resumed.muon.param_groups + resumed.adamw.param_groups, strict=True
+        )
+    )
+
+
 def test_wsd_holds_the_peak_then_decays_linearly_over_the_last_fraction() -> None:
     config = OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=9, schedule="wsd", decay_fraction=0.25)
     # 100 steps: warmup to step 9, flat until step 75, then 1 - (step - 75) / 25 down to 0.
