@@ -208,7 +208,8 @@ def _keep_a_stopped_epoch_open(trainer: L.Trainer, checkpoint: dict[str, Any]) -
     of this one. Record the epoch as started but not finished, as a checkpoint saved between steps
     records it, so ``--ckpt_path last`` with a larger ``max_steps`` goes on with the next batch."""
     fit = checkpoint.get("loops", {}).get("fit_loop")
-    if fit is None or trainer.fit_loop.epoch_loop.batch_progress.current.ready >= trainer.num_training_batches:
+    taken = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+    if fit is None or taken >= trainer.num_training_batches:
         return
     for counts in fit["epoch_progress"].values():  # "total" and "current"
         if counts["processed"] == counts["started"]:
