@@ -54,16 +54,21 @@ class Muon(torch.optim.Muon):
                 continue
             momentum = group["momentum"]
             torch._foreach_lerp_(buffers, grads, 1 - momentum)
-            if group["nesterov"]:
-                updates = [g.lerp(b, momentum) for g, b in zip(grads, buffers, strict=True)]
-            else:
-                updates = buffers
+            updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
             dtype = self.orthogonalisation_dtype(params[0].device)
             updates = orthogonalise(updates, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
             lr = float(group["lr"])
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+            # One foreach call per step size (a shape's), not one add per parameter: at small
+            # shapes the optimizer's per-tensor calls are a visible share of the step.
+            by_alpha: dict[float, tuple[list[Tensor], list[Tensor]]] = {}
             for param, update in zip(params, updates, strict=True):
-                param.add_(update, alpha=-lr * _lr_scale(group["adjust_lr_fn"], param.shape))
+                alpha = -lr * _lr_scale(group["adjust_lr_fn"], param.shape)
+                pair = by_alpha.setdefault(alpha, ([], []))
+                pair[0].append(param)
+                pair[1].append(update)
+            for alpha, (group_params, group_updates) in by_alpha.items():
+                torch._foreach_add_(group_params, group_updates, alpha=alpha)
         return loss
 
 
