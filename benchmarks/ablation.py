@@ -107,6 +107,17 @@ VARIANTS["recipe"] = {**VARIANTS["recipe_adamw"], **VARIANTS["muon"]}
 """Each lever alone, as dotted settings of the config ("xF": the config's value times F)."""
 
 
+def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A YAML tree's leaves as dotted settings: {"model": {"gpt": {"n_layer": 4}}} -> model.gpt.n_layer."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(dotted(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def settings(variant: str, config: dict[str, Any]) -> dict[str, Any]:
     """The variant's dotted settings, with "xF" factors applied to the config's values."""
     out: dict[str, Any] = {}
@@ -246,9 +257,19 @@ def train(args: argparse.Namespace, work: Path, name: str, extra: list[str]) -> 
     return {"steps": max(int(r["step"]) for r in rows) + 1, "val_loss": vals[-1], "curve": vals}
 
 
+def config_path(name: str) -> str:
+    """`name` as train.py will find it from another working directory: a file here by its absolute
+    path, anything else (a name in configs/) as it is."""
+    return str(Path(name).resolve()) if Path(name).is_file() else name
+
+
 def read_yaml(name: str) -> dict[str, Any]:
     path = Path(name) if Path(name).is_file() else ROOT / "configs" / name
     return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+VARIANTS["gpt2"] = dotted(read_yaml("recipes/gpt2.yaml"))
+"""GPT-2's whole recipe (recipes/gpt2.yaml) as one variant, against a config's own."""
 
 
 def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -262,7 +283,8 @@ def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def cli_overrides(extra: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for key, value in extra.items():
-        out.append(f"--{key}=" + (str(value).lower() if isinstance(value, bool) else str(value)))
+        text = "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+        out.append(f"--{key}={text}")
     return out
 
 
@@ -289,6 +311,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     args = p.parse_args()
     args.source = str(Path(args.text).resolve()) if args.text else "shakespeare"
+    args.config, args.over = config_path(args.config), args.over and config_path(args.over)
     config = read_yaml(args.config)
     if args.over:
         config = merged(config, read_yaml(args.over))

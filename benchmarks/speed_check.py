@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ablation import merged, read_yaml, step_timer
+from ablation import dotted, merged, read_yaml, step_timer
 from minigpt.data import DataConfig, prepare
 from minigpt.model import GPTConfig
 from minigpt.training import muon
@@ -44,14 +44,8 @@ from minigpt.training.precision import cpu_description, resolve_precision
 from suite.probes import time_step_matmuls
 from suite.shapes import Shape
 
-BABY = {
-    "model.gpt.n_layer": 4,
-    "model.gpt.n_head": 4,
-    "model.gpt.n_embd": 128,
-    "model.gpt.context_length": 64,
-    "data.config.batch_size": 12,
-}
-"""nanoGPT's README: "a baby GPT with a tiny context window" on a CPU."""
+BABY = dotted(read_yaml(str(Path(__file__).with_name("baby.yaml"))))
+"""nanoGPT's README "baby GPT" with a tiny context window, on a CPU (baby.yaml)."""
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "small": ("small.yaml", {}),
