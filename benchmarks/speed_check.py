@@ -37,7 +37,7 @@ import torch
 from ablation import dotted, merged, read_yaml, step_timer
 from minigpt.data import DataConfig, prepare
 from minigpt.model import GPTConfig
-from minigpt.training import muon
+from minigpt.training import muon, optim
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.precision import cpu_description, resolve_precision
 
@@ -122,9 +122,17 @@ def main() -> None:
         help="orthogonalise in bf16 whatever the CPU, as torch.optim.Muon does: the regression this "
         "check was written against, to see it fail on a CPU without native bf16",
     )
+    p.add_argument(
+        "--torch-muon",
+        action="store_true",
+        help="train with torch.optim.Muon as torch ships it (bf16 orthogonalisation everywhere, one "
+        "matrix at a time) instead of ours: the same update, to compare the two steps' speed",
+    )
     args = p.parse_args()
     if args.muon_in_bf16:
         muon.fast_matmul_dtype = lambda device: torch.bfloat16
+    if args.torch_muon:
+        optim.Muon = lambda params, **options: torch.optim.Muon(params, **options)
     names = [c for c in args.cases.split(",") if c]
     unknown = [c for c in names if c not in CASES]
     if unknown or not names:
@@ -138,7 +146,10 @@ def main() -> None:
         measure(cases, args.rounds, args.steps)
     print(
         f"CPU: {cpu_description()}; {torch.get_num_threads()} threads, torch {torch.__version__}; "
-        f"{args.rounds} rounds x {args.steps} steps in {time.perf_counter() - start:.0f} s\n"
+        f"{args.rounds} rounds x {args.steps} steps in {time.perf_counter() - start:.0f} s"
+        + ("; torch.optim.Muon" if args.torch_muon else "")
+        + ("; Muon in bf16" if args.muon_in_bf16 else "")
+        + "\n"
     )
     print(
         "| case | precision | ms/step | matmul ceiling ms | fraction of ceiling | floor "
