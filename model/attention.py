@@ -142,8 +142,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """`x` (B, nh, T, hs) at positions start, start + 1, ..., rotated."""
-        t = x.shape[2]
+        """`x` (..., T, hs) at positions start, start + 1, ..., rotated."""
+        t = x.shape[-2]
         cos = self.cos[start : start + t].to(x.dtype)
         sin = self.sin[start : start + t].to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
@@ -210,24 +210,27 @@ class MultiHeadAttention(nn.Module):
         self._buffers["mask"] = causal_mask(mask.shape[0], fn(mask[:0, :0]).device)
         return self
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys and values of `x`, each (B, nh, T, hs).
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries and keys of `x` as one (2, B, nh, T, hs) tensor, and the values (B, nh, T, hs).
 
         When gradients are on (training), the three weights are stacked into one (3 * d_out, d_in)
         matrix: one large matmul forward and one per gradient backward instead of three each, and
         no sum of three input gradients. The parameters stay the three layers above. Stacking
         copies the weights, which costs more than it saves when decoding one token at a time, so
-        inference runs the three layers as they are.
+        inference runs the three layers as they are. Queries and keys stay together so QK-norm
+        and the rotation each run once over both: at small shapes the number of elementwise
+        calls, not their arithmetic, is what they cost.
         """
+        b, t, _ = x.shape
         layers = (self.W_query, self.W_key, self.W_value)
         if torch.is_grad_enabled():
             weight = torch.cat([layer.weight for layer in layers])
             bias = None if self.W_query.bias is None else torch.cat([layer.bias for layer in layers])
-            projected = F.linear(x, weight, bias).split(self.d_out, dim=-1)
-        else:
-            projected = [layer(x) for layer in layers]
-        queries, keys, values = (self._split_heads(p) for p in projected)
-        return queries, keys, values
+            projected = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, self.head_dim)
+            qkv = projected.permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+            return qkv[:2], qkv[2]
+        queries, keys, values = (self._split_heads(layer(x)) for layer in layers)
+        return torch.stack((queries, keys)), values
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -253,7 +256,7 @@ class MultiHeadAttention(nn.Module):
         if asked for, then the values.
         """
         b, t, _ = x.shape
-        queries, keys, values = self._project(x)
+        queries_keys, values = self._project(x)
         own_values = values
         if first_values is not None:  # mixed before caching: the cache holds what is attended to
             values = self.value_lambdas[0] * values + self.value_lambdas[1] * first_values
@@ -263,10 +266,10 @@ class MultiHeadAttention(nn.Module):
         if total > self.mask.shape[0]:
             raise ValueError(f"sequence of {total} tokens exceeds context length {self.mask.shape[0]}")
         if self.qk_norm:
-            queries = F.rms_norm(queries, (self.head_dim,))
-            keys = F.rms_norm(keys, (self.head_dim,))
+            queries_keys = F.rms_norm(queries_keys, (self.head_dim,))
         if self.rotary is not None:  # before caching: a cached key keeps its position's rotation
-            queries, keys = self.rotary(queries, past), self.rotary(keys, past)
+            queries_keys = self.rotary(queries_keys, past)
+        queries, keys = queries_keys.unbind(0)
         if kv_cache is not None:
             keys, values = kv_cache.append(keys, values)
 

@@ -190,7 +190,7 @@ def test_block_with_weights_gives_the_same_output_as_forward() -> None:
     out, weights, values = block.forward_with_weights(x)
     assert_close(out, block(x))
     assert weights.shape == (2, 2, 7, 7)
-    assert_close(values, block.attn._project(block.ln_1(x))[2])
+    assert_close(values, block.attn._project(block.ln_1(x))[1])
 
 
 def test_attention_weights_reject_too_long_input() -> None:

@@ -154,7 +154,7 @@ def test_value_residual_mixes_each_later_block_s_values_with_the_first_block_s()
             block.attn.value_lambdas.copy_(torch.tensor([0.0, 1.0]))  # the first block's only
         first_values = mixed.transformer.h[0].attn._project(
             mixed.transformer.h[0].ln_1(mixed._embed(ids, 0))
-        )[2]
+        )[1]
         x, values = mixed.transformer.h[0](mixed._embed(ids, 0), return_values=True)
         assert_close(values, first_values)
         second = mixed.transformer.h[1]
