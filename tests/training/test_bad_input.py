@@ -70,6 +70,8 @@ def test_a_context_longer_than_the_machine_can_hold_is_one_line(
         "0.5",
         "--model.gpt.context_length",
         "200000",
+        "--trainer.accelerator",
+        "cpu",  # the message names the device: on a GPU machine tiny.yaml's auto would pick cuda
     ]  # 215k tokens a split
     assert train_main(tiny_args(text, tmp_path / "run", *args)) == 2
     assert one_error_line(capsys) == (

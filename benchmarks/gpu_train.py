@@ -1,0 +1,267 @@
+#!/usr/bin/env python
+"""Training-step speed on a CUDA GPU at GPT-2 small's shape: ours eager and compiled, with AdamW
+and with Muon, next to transformers' `GPT2LMHeadModel` at the same shape, in one run.
+
+A step is what `train.py` does per optimizer step at accumulation 1: forward and loss under bf16
+autocast (Lightning's `bf16-mixed`), backward, gradient clipping, the optimizer's step and
+zeroing the gradients. Our model, loss and optimizer come from the project itself (`LitGPT.loss`,
+which compiles the network's body as `--model.compile true` does, and `build_optimizer`), built
+from a config's `model` section (`configs/gpt2-124m.yaml` by default). The peer gets the same
+batch, autocast, loss function, clipping and AdamW; compiled, its body is compiled and its head
+and loss stay eager, as ours.
+
+    python benchmarks/gpu_train.py                        # about 80 s on one H100
+    python benchmarks/gpu_train.py --batch 16 --no-compile --out gpu.md
+
+Figures: each step's time is read between CUDA events recorded around consecutive steps (the
+host runs ahead as in training), after warm-up steps; the table gives medians. MFU is model FLOPs
+(`training_flops_per_token`: 6 x matmul weights + 12 x n_layer x n_embd x T per token) over the
+bf16 dense peak measured in the same run: the median of large square bf16 matrix products, taken
+before and after the steps (the faster of the two counts). Muon's cost is its step's time minus
+AdamW's on the same model; the optimizer step alone is timed too, on the last step's gradients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ablation import read_yaml
+from minigpt.model import GPT, GPTConfig
+from minigpt.training.config import OptimConfig
+from minigpt.training.flops import training_flops_per_token
+from minigpt.training.lit import LitGPT
+from minigpt.training.loss import next_token_loss
+from minigpt.training.optim import build_optimizer
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""Mean next-token loss of input ids (B, T) against target ids (B, T)."""
+
+
+@dataclass
+class Row:
+    """One contestant's figures."""
+
+    model: str
+    compiled: bool
+    optimizer: str
+    step_s: float
+    optimizer_s: float
+    first_step_s: float
+    muon_s: float | None = None
+    """Muon's own step (the blocks' matrices) without AdamW's, for `optimizer: muon`."""
+
+
+def events_between(run: Callable[[], object], count: int) -> list[float]:
+    """Seconds of each of `count` consecutive calls of `run`, read from CUDA events recorded between
+    them: the device's time, launch gaps included, without a synchronisation per call."""
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(count + 1)]
+    events[0].record()
+    for event in events[1:]:
+        run()
+        event.record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) / 1e3 for a, b in zip(events, events[1:], strict=False)]
+
+
+def matmul_peak(size: int = 8192, count: int = 20) -> float:
+    """FLOP/s of a (size x size) @ (size x size) bf16 product on random data, median of `count`."""
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+    events_between(lambda: a @ b, 3)  # cuBLAS's handle and kernel choice
+    return 2 * size**3 / statistics.median(events_between(lambda: a @ b, count))
+
+
+def ours(config: GPTConfig, optim: OptimConfig, compiled: bool) -> tuple[nn.Module, Loss]:
+    """Our network on the GPU and its loss exactly as the training module computes it."""
+    lit = LitGPT(config, optim, compile=compiled)
+    lit.model = GPT(config).cuda()
+    return lit.model, lit.loss
+
+
+def peer(config: GPTConfig, compiled: bool) -> tuple[nn.Module, Loss]:
+    """transformers' GPT-2 at `config`'s shape (no dropout, as ours), with our loss function."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=config.vocab_size,
+            n_positions=config.context_length,
+            n_embd=config.n_embd,
+            n_layer=config.n_layer,
+            n_head=config.n_head,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            layer_norm_epsilon=config.layer_norm_eps,
+            attn_implementation="sdpa",  # PyTorch's fused attention, as ours on a GPU
+        )
+    ).cuda()
+    body = torch.compile(model.transformer) if compiled else model.transformer
+
+    def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        hidden = body(input_ids=x, use_cache=False).last_hidden_state
+        return next_token_loss(model.lm_head(hidden), y)
+
+    return model, loss
+
+
+def training_step(
+    model: nn.Module,
+    loss_of: Loss,
+    optimizer: torch.optim.Optimizer,
+    grad_clip: float | None,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+) -> Callable[[], None]:
+    """One optimizer step per call, as `train.py` takes it at accumulation 1, on the next batch."""
+    turn = iter(range(10**12))
+
+    def step() -> None:
+        x, y = batches[next(turn) % len(batches)]
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of(x, y)
+        loss.backward()
+        if grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def time_contestant(
+    name: str,
+    compiled: bool,
+    optimizers: dict[str, OptimConfig],
+    build: Callable[[], tuple[nn.Module, Loss]],
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    warmup: int,
+    steps: int,
+) -> list[Row]:
+    """Rows for one model, one per optimizer, the optimizers taking turns on the same network (so
+    a compiled body is compiled once)."""
+    model, loss_of = build()
+    rows = []
+    for label, optim in optimizers.items():
+        optimizer = build_optimizer(model, optim)
+        step = training_step(model, loss_of, optimizer, optim.grad_clip, batches)
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        first = time.perf_counter() - start  # compilation, cuBLAS's and the allocator's first use
+        events_between(step, warmup)
+        step_s = statistics.median(events_between(step, steps))
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of(*batches[0])
+        loss.backward()  # gradients for the optimizer alone, stepped on them repeatedly
+        optimizer_s = statistics.median(events_between(optimizer.step, steps))
+        muon = getattr(optimizer, "muon", None)
+        muon_s = statistics.median(events_between(muon.step, steps)) if muon is not None else None
+        optimizer.zero_grad(set_to_none=True)
+        rows.append(Row(name, compiled, label, step_s, optimizer_s, first, muon_s))
+        print(f"{name} {'compiled' if compiled else 'eager'} {label}: {step_s * 1e3:.1f} ms", file=sys.stderr)
+        del optimizer, step
+    del model, loss_of
+    torch.cuda.empty_cache()
+    return rows
+
+
+def table(rows: list[Row], tokens: int, flops_per_token: int, peak: float) -> str:
+    lines = [
+        "| model | compile | optimizer | ms/step | tokens/s | MFU | optimizer step ms | Muon's cost per step "
+        "| first step s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    adamw = {(r.model, r.compiled): r.step_s for r in rows if r.optimizer == "adamw"}
+    for r in rows:
+        rate = tokens / r.step_s
+        cost = ""
+        if r.optimizer == "muon" and (r.model, r.compiled) in adamw:
+            extra = r.step_s - adamw[(r.model, r.compiled)]
+            cost = f"{extra * 1e3:+.1f} ms ({extra / adamw[(r.model, r.compiled)]:+.1%})"
+        optimizer = f"{r.optimizer_s * 1e3:.1f}"
+        if r.muon_s is not None:
+            optimizer += f" (Muon's part {r.muon_s * 1e3:.1f})"
+        lines.append(
+            f"| {r.model} | {'yes' if r.compiled else 'no'} | {r.optimizer} | {r.step_s * 1e3:.1f} "
+            f"| {rate:,.0f} | {rate * flops_per_token / peak:.1%} | {optimizer} | {cost} "
+            f"| {r.first_step_s:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="gpt2-124m.yaml", help="the model and optimizer settings to time")
+    p.add_argument("--batch", type=int, default=None, help="sequences per step (default: the config's)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps after the first")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per contestant")
+    p.add_argument("--no-compile", action="store_true", help="eager contestants only")
+    p.add_argument("--no-peer", action="store_true", help="without transformers' GPT2LMHeadModel")
+    p.add_argument("--out", type=Path, default=None, help="also write the report here")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            f"error: gpu_train.py times training on a CUDA GPU; torch {torch.__version__} sees none"
+        )
+
+    config = read_yaml(args.config)
+    gpt = GPTConfig(**config["model"]["gpt"])
+    if gpt.vocab_size is None:
+        raise SystemExit(f"error: {args.config} leaves model.gpt.vocab_size to the tokenizer; set it")
+    batch = args.batch or int(config["data"]["config"]["batch_size"])
+    adamw = OptimConfig(**{**config["model"].get("optim", {}), "optimizer": "adamw"})
+    optimizers = {"adamw": adamw, "muon": replace(adamw, optimizer="muon")}
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    ids = [
+        torch.randint(gpt.vocab_size, (batch, gpt.context_length + 1), device="cuda", generator=generator)
+        for _ in range(4)
+    ]
+    batches = [(i[:, :-1], i[:, 1:]) for i in ids]
+
+    start = time.perf_counter()
+    peaks = [matmul_peak()]
+    rows: list[Row] = []
+    for compiled in (False, True) if not args.no_compile else (False,):
+        ours_built = functools.partial(ours, gpt, adamw, compiled)
+        rows += time_contestant("minigpt", compiled, optimizers, ours_built, batches, args.warmup, args.steps)
+        if not args.no_peer:
+            rows += time_contestant(
+                "transformers GPT2LMHeadModel (sdpa)",
+                compiled,
+                {"adamw": adamw},
+                functools.partial(peer, gpt, compiled),
+                batches,
+                args.warmup,
+                args.steps,
+            )
+    peaks.append(matmul_peak())
+    peak = max(peaks)
+
+    tokens = batch * gpt.context_length
+    flops = training_flops_per_token(gpt)
+    report = (
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}); "
+        f"{gpt.n_layer} layers x {gpt.n_head} heads x {gpt.n_embd} wide, context {gpt.context_length}, "
+        f"vocab {gpt.vocab_size:,}, batch {batch} ({tokens:,} tokens per step), bf16 autocast; "
+        f"{flops / 1e6:.1f} MFLOPs per token; bf16 peak measured {peak / 1e12:.0f} TFLOP/s "
+        f"(8192³ products: {', '.join(f'{x / 1e12:.0f}' for x in peaks)}); medians of {args.steps} steps "
+        f"after {args.warmup + 1} warm-up; {time.perf_counter() - start:.0f} s in all\n\n"
+        + table(rows, tokens, flops, peak)
+    )
+    print(report)
+    if args.out:
+        args.out.write_text(report + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
