@@ -41,7 +41,7 @@ from minigpt.training import muon, optim
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.precision import cpu_description, resolve_precision
 
-from suite.probes import time_step_matmuls
+from suite.probes import PROBE_SHAPE, Matmul, time_step_matmuls
 from suite.shapes import Shape
 
 BABY = dotted(read_yaml(str(Path(__file__).with_name("baby.yaml"))))
@@ -144,12 +144,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="minigpt-speed-") as tmp:
         cases = [build_case(name, Path(tmp)) for name in names]
         measure(cases, args.rounds, args.steps)
+        probes = Matmul()
+        peak = {dtype: probes.measure(PROBE_SHAPE, dtype, calls=3) for dtype in ("fp32", "bf16")}
     print(
         f"CPU: {cpu_description()}; {torch.get_num_threads()} threads, torch {torch.__version__}; "
         f"{args.rounds} rounds x {args.steps} steps in {time.perf_counter() - start:.0f} s"
         + ("; torch.optim.Muon" if args.torch_muon else "")
         + ("; Muon in bf16" if args.muon_in_bf16 else "")
-        + "\n"
+    )
+    bf16_speed = peak["bf16"] / peak["fp32"]
+    print(
+        f"{PROBE_SHAPE} products: fp32 {peak['fp32']:.0f} GFLOP/s, bf16 {peak['bf16']:.0f} GFLOP/s "
+        f"({bf16_speed:.2f}x fp32's speed: bf16 {'native' if bf16_speed > 1 else 'emulated'})\n"
     )
     print(
         "| case | precision | ms/step | matmul ceiling ms | fraction of ceiling | floor "
