@@ -145,7 +145,8 @@ class RunReport(L.Callback):
             return
         for logger in trainer.loggers:
             logger.save()  # the CSV logger buffers rows; the report reads them from disk
-        curves, _ = write_run_report(Path(trainer.default_root_dir))
+        # A run shorter than its log interval has logged nothing: it still ends well, and says so.
+        curves, _ = write_run_report(Path(trainer.default_root_dir), allow_empty=True)
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.log_image(key="loss_curves", images=[str(curves)])

@@ -69,12 +69,13 @@ def version_dirs(run_dir: Path) -> list[Path]:
     return [folder for _, folder in sorted(numbered)]  # by number: version_10 after version_9
 
 
-def read_run(run_dir: Path) -> RunLog:
-    """Read and join a run's CSV logs. Raises UsageError when there is no log or it is empty."""
+def read_run(run_dir: Path, allow_empty: bool = False) -> RunLog:
+    """Read and join a run's CSV logs. Raises UsageError when there is no log or it is empty, unless
+    `allow_empty`: a run that ended before its first log row still gets a (mostly empty) log."""
     if not run_dir.is_dir():
         raise UsageError(f"no run folder at {run_dir}")
     versions = version_dirs(run_dir)
-    if not versions:
+    if not versions and not allow_empty:
         raise UsageError(f"no CSV log in {run_dir} (looked for csv/version_*/metrics.csv)")
     joined: dict[str, dict[int, float]] = {}
     resumed_at: list[int] = []
@@ -92,10 +93,10 @@ def read_run(run_dir: Path) -> RunLog:
         for name, by_step in rows.items():
             joined.setdefault(name, {}).update(by_step)
     metrics = {name: _series(by_step) for name, by_step in joined.items() if by_step}
-    if not metrics:
+    if not metrics and not allow_empty:
         raise UsageError(f"the CSV log in {run_dir} is empty: no metric has been logged yet")
-    config_path = versions[-1] / "config.yaml"
-    config_text = config_path.read_text(encoding="utf-8") if config_path.is_file() else None
+    config_path = versions[-1] / "config.yaml" if versions else None
+    config_text = config_path.read_text(encoding="utf-8") if config_path and config_path.is_file() else None
     tokens, notes = _tokens_seen(metrics, config_text)
     return RunLog(run_dir, tuple(versions), metrics, tokens, config_text, notes, tuple(resumed_at))
 
@@ -129,6 +130,8 @@ def _tokens_seen(
 ) -> tuple[Series | None, tuple[str, ...]]:
     if "tokens_seen" in metrics:
         return metrics["tokens_seen"], ()
+    if not metrics:
+        return None, ()
     if config_text is None:
         return None, ("tokens seen unknown: no tokens_seen column and no config.yaml",)
     try:
@@ -204,6 +207,8 @@ def plot_curves(log: RunLog) -> Figure:
         loss_ax.set_title(f"{log.run_dir.name}: final val loss {val.values[-1]:.4f} at step {val.steps[-1]}")
     else:
         loss_ax.set_title(log.run_dir.name)
+    if not log.metrics:
+        loss_ax.text(0.5, 0.5, "nothing logged yet", transform=loss_ax.transAxes, ha="center", color="grey")
     loss_ax.set_ylabel("loss (nats per token)")
     loss_ax.grid(alpha=0.3)
     if train is not None or val is not None:

@@ -85,6 +85,9 @@ def final_figures(log: RunLog) -> list[tuple[str, str]]:
     train = log.metrics.get("train_loss")
     if train is not None:
         rows.append(("last train loss", f"{train.values[-1]:.4f} at step {train.steps[-1]:,}"))
+    if not log.metrics:
+        # log_every_n_steps and val_check_interval both lie beyond the run's last step.
+        return [("metrics logged", "none yet: the run ended before its first log row or validation")]
     rows.append(("steps", f"{max(int(s.steps[-1]) for s in log.metrics.values()):,}"))
     if log.tokens is not None and len(log.tokens.values):
         rows.append(("tokens seen", f"{int(log.tokens.values[-1]):,}"))
@@ -168,18 +171,22 @@ def render_report(
     return "\n".join(parts)
 
 
-def write_run_report(run_dir: Path, attention_pngs: dict[str, bytes] | None = None) -> tuple[Path, Path]:
+def write_run_report(
+    run_dir: Path, attention_pngs: dict[str, bytes] | None = None, allow_empty: bool = False
+) -> tuple[Path, Path]:
     """Write `<run>/loss_curves.png` and `<run>/report.html` from the run folder alone; their paths.
 
     Args:
         run_dir: The run folder (`trainer.default_root_dir`).
         attention_pngs: Attention-map PNGs by caption; None: those in `<run>/attention/`, if any.
 
-    Raises UsageError when the folder holds no CSV log or the log is empty. Called at the end of
-    training, the CSV logger must have been saved first, or the last rows are not on disk yet.
+    Raises UsageError when the folder holds no CSV log or the log is empty, unless `allow_empty`
+    (the end of a run shorter than its log interval: the report then says nothing was logged).
+    Called at the end of training, the CSV logger must have been saved first, or the last rows are
+    not on disk yet.
     """
     run_dir = Path(run_dir)
-    log = read_run(run_dir)
+    log = read_run(run_dir, allow_empty=allow_empty)
     curves = write_curves(run_dir, log=log)
     samples, note = read_samples(run_dir)
     attention = find_attention(run_dir) if attention_pngs is None else attention_pngs

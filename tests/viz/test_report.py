@@ -9,8 +9,10 @@ import json
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pytest
 from matplotlib.figure import Figure
 
+from minigpt.common import UsageError
 from minigpt.viz.report import write_run_report
 
 from .test_curves import make_run, png_size
@@ -126,3 +128,15 @@ def test_attention_maps_are_found_in_the_run_folder(tmp_path: Path) -> None:
     page = Page(report.read_text(encoding="utf-8"))
     assert len(page.images) == 2 and decode(page.images[1]) == (run / "attention" / "layer0.png").read_bytes()
     assert "layer0.png" in page.text
+
+
+def test_a_run_with_nothing_logged_gets_a_report_that_says_so_when_asked(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(UsageError, match="no CSV log"):
+        write_run_report(run)
+    curves, report = write_run_report(run, allow_empty=True)
+    assert curves.read_bytes().startswith(b"\x89PNG")
+    html = report.read_text(encoding="utf-8")
+    assert "metrics logged" in html and "none yet" in html
+    assert "No samples recorded" in html and "No config.yaml" in html
