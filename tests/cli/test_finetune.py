@@ -212,7 +212,7 @@ def _val_losses(run: Path) -> list[float]:
     return rows
 
 
-@pytest.mark.network
+@pytest.mark.gpt2_ranks
 def test_gpt2_vocabulary_from_folder_to_transformers_tokenizer(text: Path, tmp_path: Path) -> None:
     """GPT-2's own vocabulary: a folder's vocab.json makes our tokenizer, and export writes it
     back so that transformers' tokenizer gives the same ids as ours."""

@@ -59,18 +59,10 @@ def test_budget_cuts_the_stream_and_a_budget_beyond_the_corpus_says_how_much_the
     assert not [p for p in (tmp_path / "data_cache").iterdir() if p.name.startswith(".partial")]
 
 
-@pytest.mark.parametrize("tokenizer", ["char", "gpt2-compact"])
+@pytest.mark.parametrize("tokenizer", ["char", pytest.param("gpt2-compact", marks=pytest.mark.gpt2_ranks)])
 def test_a_full_disk_publishes_no_partial_shard_and_the_rerun_resumes(
     tokenizer: str, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if tokenizer != "char":
-        pytest.importorskip("tiktoken")
-        from minigpt.data import load_gpt2_encoding
-
-        try:
-            load_gpt2_encoding()
-        except DataError:
-            pytest.skip("GPT-2's ranks are not cached and cannot be fetched")
     config = DataConfig(source=str(source), tokenizer=tokenizer, shard_tokens=256)
     expected = _stream(prepare(config, tmp_path / "straight"))
     write = ShardWriter.write_tokens

@@ -100,7 +100,7 @@ def test_char_rejects_unsorted_vocab() -> None:
         CharTokenizer("ba")
 
 
-@pytest.mark.parametrize("name", [pytest.param("gpt2", marks=pytest.mark.network), "char"])
+@pytest.mark.parametrize("name", [pytest.param("gpt2", marks=pytest.mark.gpt2_ranks), "char"])
 def test_spec_round_trip(name: str, request: pytest.FixtureRequest) -> None:
     # GPT-2's tokenizer only for its own case: the char case needs no network.
     original: Tokenizer = (

@@ -109,7 +109,9 @@ def finished_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     [
         (["--model.gpt.n_layer", "3"], "checkpoint model shape"),
         (["--model.gpt.n_embd", "32"], "checkpoint model shape"),
-        pytest.param(["--data.config.tokenizer", "gpt2"], "different tokenizer", marks=pytest.mark.network),
+        pytest.param(
+            ["--data.config.tokenizer", "gpt2"], "different tokenizer", marks=pytest.mark.gpt2_ranks
+        ),
         (["--model.gpt.gelu_approximate", "tanh"], "trained with gelu_approximate 'none'"),
     ],
 )
