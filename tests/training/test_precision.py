@@ -1,0 +1,79 @@
+"""The fp32 fallback for real: a bf16 run on a CPU that multiplies bf16 only by emulation trains in
+fp32, Muon's orthogonalisation included, and ends well; where the CPU has native bf16, it stays bf16.
+
+oneDNN's bf16 check is what train.py asks. On a CPU with native bf16 (AVX512-BF16 or AMX),
+`ONEDNN_MAX_CPU_ISA=AVX2` makes that check say no, as on an AVX2-only CPU, so both cases run on
+either kind of CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import REPO, tiny_args
+
+AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+"""Makes oneDNN's bf16 check say no on a CPU with native bf16."""
+FALLBACK = "this CPU has no native bf16; training in fp32 instead of bf16-mixed"
+
+
+def cpu_flags_have_bf16() -> bool | None:
+    """Whether /proc/cpuinfo lists native bf16 (AVX512-BF16 or AMX); None where there is no such file."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return None
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
+def start_train(corpus: Path, run: Path, env: dict[str, str | None]) -> subprocess.Popen[str]:
+    """train.py from `run`'s parent: tiny.yaml asking for bf16-mixed and Muon, 3 steps on the CPU."""
+    args = tiny_args(corpus, run, "--trainer.precision", "bf16-mixed", "--model.optim.optimizer", "muon")
+    args += ["--trainer.max_steps", "3", "--trainer.accelerator", "cpu"]
+    # No GPU: the precision is decided for the CPU, as on a machine without one.
+    full = {**os.environ, "WANDB_MODE": "disabled", "CUDA_VISIBLE_DEVICES": "", **env}
+    run.parent.mkdir(parents=True)
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args],
+        cwd=run.parent,
+        env={key: value for key, value in full.items() if value is not None},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def assert_trained(run: Path, console: str, returncode: int, precision: str, muon: str) -> None:
+    """The run ended well, 3 steps in `precision` on the CPU, with Muon orthogonalising in `muon`."""
+    assert returncode == 0, console[-3000:]
+    assert f"; {precision} on cpu (" in console and f"Muon orthogonalises in {muon}" in console, console
+    assert (FALLBACK in console) is (precision == "32-true"), console
+    assert "done: 3 steps" in console
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+
+
+@pytest.mark.slow
+def test_a_bf16_run_trains_in_fp32_where_bf16_is_emulated_and_in_bf16_where_native(
+    corpus: Path, tmp_path: Path
+) -> None:
+    emulated_run, plain_run = tmp_path / "avx2" / "run", tmp_path / "plain" / "run"
+    emulated = start_train(corpus, emulated_run, AVX2_ONLY)
+    plain = start_train(corpus, plain_run, dict.fromkeys(AVX2_ONLY))  # None: unset
+    emulated_out, plain_out = emulated.communicate(timeout=240)[0], plain.communicate(timeout=240)[0]
+
+    assert_trained(emulated_run, emulated_out, emulated.returncode, "32-true", "float32")
+    assert "no native bf16" in emulated_out  # the run summary's CPU description agrees
+    native = cpu_flags_have_bf16()
+    if native is None:
+        native = "32-true on cpu" not in plain_out  # no /proc/cpuinfo: only the two runs' consistency
+    if native:
+        assert_trained(plain_run, plain_out, plain.returncode, "bf16-mixed", "bfloat16")
+    else:
+        assert_trained(plain_run, plain_out, plain.returncode, "32-true", "float32")
