@@ -1,5 +1,6 @@
-"""Callbacks and the plugin that keep a run safe: atomic checkpoints, stopping on a signal with
-a checkpoint saved, and stopping before non-finite values reach the weights or a checkpoint.
+"""Callbacks and the plugin that keep a run safe: atomic checkpoints, a `last.ckpt` that always
+holds the end of the run, stopping on a signal with a checkpoint saved, and stopping before
+non-finite values reach the weights or a checkpoint.
 
 These and the others (`throughput.py`, `console.py`, `dashboard.py`) are declared in the YAML
 (`trainer.callbacks`, `trainer.plugins`), so a run's behaviour can be read there and in
@@ -15,6 +16,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from minigpt.common import atomic_write
@@ -32,6 +34,23 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     ) -> None:
         with atomic_write(path) as tmp, open(tmp, "wb") as f:
             torch.save(checkpoint, f)
+
+
+class ModelCheckpoint(LightningModelCheckpoint):
+    """Lightning's ModelCheckpoint, with `save_last` writing `last.ckpt` at the end of every run.
+
+    Lightning writes `last.ckpt` beside each checkpoint it saves at a validation, and at the end of
+    a run only when it never wrote one. A run that stops at `max_steps` between validations (888
+    steps validated every 222 would not; 300 would) would leave `last.ckpt` at its last
+    validation, and `--ckpt_path last` would train the steps after it over again. Here the end of
+    the run is saved too, whenever the last save was at an earlier step.
+    """
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        else:
+            super().on_train_end(trainer, pl_module)
 
 
 class SaveAndStopOnSignal(L.Callback):

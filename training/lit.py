@@ -8,15 +8,18 @@ clipping, and the model description every checkpoint carries (shape and tokenize
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, replace
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import WeightAveraging
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from minigpt.checkpoints import MODEL_KEY, describe
+from minigpt.checkpoints import MODEL_KEY, CheckpointError, describe
 from minigpt.checkpoints.description import FUNCTION_SETTINGS, PARAMETER_SETTINGS, with_legacy_settings
 from minigpt.checkpoints.pretrained import load_pretrained, open_pretrained
 from minigpt.model import GPT, ConfigError, GPTConfig
@@ -24,6 +27,9 @@ from minigpt.model import GPT, ConfigError, GPTConfig
 from .config import OptimConfig
 from .loss import fused_linear_cross_entropy, next_token_loss
 from .optim import build_optimizer, build_scheduler
+from .precision import fast_matmul_dtype
+
+log = logging.getLogger("minigpt")
 
 
 class LitGPT(L.LightningModule):
@@ -124,6 +130,14 @@ class LitGPT(L.LightningModule):
             return fused_linear_cross_entropy(hidden, self.model.lm_head.weight, y)
         return next_token_loss(self.model.head(hidden), y)
 
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # Lightning logs each step under its own count of optimizer steps, which equals
+        # global_step at the start of every batch. A checkpoint saved by the validation Lightning
+        # adds when a run is told to stop (SIGTERM, Ctrl-C, max_time) brings that count back one
+        # short, and the resumed run's curve would sit one step left of the first part's.
+        loop = self.trainer.fit_loop.epoch_loop
+        loop._batches_that_stepped = self.trainer.global_step
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = self.loss(x, y)
@@ -168,6 +182,7 @@ class LitGPT(L.LightningModule):
         checkpoint[MODEL_KEY] = describe(self.gpt_config, self.tokenizer_spec)
         # Dropout draws from torch's generator: restoring it makes a resumed run exact.
         checkpoint["torch_rng_state"] = torch.get_rng_state()
+        checkpoint[ARITHMETIC_KEY] = self._arithmetic()
         _keep_a_stopped_epoch_open(self.trainer, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -178,6 +193,8 @@ class LitGPT(L.LightningModule):
             raise ConfigError("checkpoint was trained with a different tokenizer than this run's data uses")
         if "torch_rng_state" in checkpoint:
             torch.set_rng_state(checkpoint["torch_rng_state"])
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            self._check_resumable(checkpoint)
         ours, theirs = asdict(self.gpt_config), with_legacy_settings(saved["gpt"])
         if any(theirs.get(k) != ours[k] for k in SHAPE_KEYS):
             raise ConfigError(
@@ -190,6 +207,47 @@ class LitGPT(L.LightningModule):
                     f"{theirs.get(name)} to resume it"
                 )
 
+    def _check_resumable(self, checkpoint: dict[str, Any]) -> None:
+        """Refuse a checkpoint that cannot resume training, and say where a resume cannot be
+        exact, rather than going on wrongly."""
+        if "optimizer_states" not in checkpoint:
+            raise CheckpointError(
+                "the checkpoint holds the weights only, without the optimizer's state: it cannot resume a "
+                "run; start a new one from its weights with --model.init_from <checkpoint>"
+            )
+        # A checkpoint written with a weight average (EMAWeights) holds the average as its weights
+        # and the raw weights beside them. With the average in this run, EMAWeights restores both;
+        # without it, training must go on from the raw weights, not from the average.
+        averaged = any(isinstance(c, WeightAveraging) for c in self.trainer.callbacks)
+        if "current_model_state" in checkpoint and not averaged:
+            checkpoint["state_dict"] = checkpoint["current_model_state"]
+            self._warn(
+                "the checkpoint keeps an average of the weights (EMAWeights) that this run does not: "
+                "training goes on from the raw weights, and the average is dropped"
+            )
+        saved, here = checkpoint.get(ARITHMETIC_KEY), self._arithmetic()
+        if saved is not None and saved != here:
+            self._warn(
+                f"the checkpoint was trained in {saved} and this machine trains in {here}: the run goes "
+                "on, but not bit for bit as it would have on the machine that wrote it"
+            )
+
+    def _warn(self, message: str) -> None:
+        if self.trainer.is_global_zero:
+            log.warning(message)
+
+    def _arithmetic(self) -> str:
+        """What decides a step's rounding here: the trainer's precision and, with Muon, the
+        precision it orthogonalises in (both follow the machine: training/precision.py)."""
+        arithmetic = str(self.trainer.precision)
+        if self.optim_config.optimizer == "muon":
+            dtype = fast_matmul_dtype(self.trainer.strategy.root_device)
+            arithmetic += f", Muon orthogonalising in {str(dtype).removeprefix('torch.')}"
+        return arithmetic
+
+
+ARITHMETIC_KEY = "minigpt_arithmetic"
+"""Checkpoint key: `LitGPT._arithmetic()` of the run that wrote it."""
 
 SHAPE_KEYS = ("context_length", *PARAMETER_SETTINGS)
 """GPTConfig fields that change the parameters; the others (dropout) may differ on resume."""

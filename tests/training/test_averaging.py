@@ -127,6 +127,19 @@ def test_a_run_that_ends_between_validations_saves_its_raw_weights_to_resume_fro
         assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
+def test_a_run_without_the_average_resumes_the_raw_weights(corpus: Path, tmp_path: Path) -> None:
+    """A checkpoint of a run with EMAWeights resumed by a run without it goes on from the raw
+    weights (not from the average its `state_dict` holds): it ends where the averaged run's raw
+    weights did."""
+    raw = RawWeights()
+    every_3 = L.pytorch.callbacks.ModelCheckpoint(every_n_train_steps=3, save_top_k=-1, filename="{step}")
+    fit(corpus, tmp_path / "averaged", 6, raw, EMAWeights(decay=0.8), every_3)
+    saved = tmp_path / "averaged" / "checkpoints" / "step=3.ckpt"
+    plain = fit(corpus, tmp_path / "plain", 6, ckpt_path=str(saved))
+    for name, value in plain.named_parameters():
+        assert_close(value.detach(), raw.steps[-1][name], rtol=0, atol=0, msg=name)
+
+
 @pytest.mark.parametrize("decay", [0.0, 1.0, -0.5])
 def test_a_decay_outside_0_1_is_refused(decay: float) -> None:
     with pytest.raises(

@@ -1,0 +1,186 @@
+"""The shipped recipe resumes exactly, however its run ended.
+
+small.yaml as shipped (Muon for the blocks' matrices, the weight average EMAWeights, the precision
+this CPU trains in), shrunk to a shape that trains in seconds and given dropout, so that every
+step draws from the random generator. One straight run of 10 steps, validated and saved every 5,
+is the reference; three runs that ended early are resumed with `--ckpt_path last`:
+
+- killed by SIGKILL after the checkpoint of step 5 (in a process of its own, as a crash is);
+- stopped by SIGTERM during step 8, which finishes that step, saves it and validates once more;
+- finished at `max_steps` 7, between validations, then trained on to 10 (the schedule is all
+  warmup here, so its length does not move the learning rate of any step).
+
+Each must log the same loss at every step as the straight run, under the same step numbers, and
+end with the same raw weights, average, optimizer state and generator state, bit for bit.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from minigpt.cli.train import train_main
+from minigpt.training.precision import has_native_bf16
+
+from .conftest import REPO, run_script
+
+pytestmark = pytest.mark.slow
+
+FAULTS = "tests.training.faults"
+
+AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+"""On a CPU with native bf16, makes oneDNN's bf16 check say no: the machine then trains in fp32,
+as one without native bf16 does."""
+
+
+def small_args(corpus: Path, run: Path, *extra: str) -> list[str]:
+    return [
+        "--config",
+        "small.yaml",
+        "--data.config.source",
+        str(corpus),
+        "--data.config.tokenizer",
+        "char",
+        "--data.config.batch_size",
+        "4",
+        "--model.gpt.context_length",
+        "32",
+        "--model.gpt.n_layer",
+        "2",
+        "--model.gpt.n_head",
+        "2",
+        "--model.gpt.n_embd",
+        "64",
+        "--model.gpt.dropout",
+        "0.1",
+        "--model.optim.warmup_steps",
+        "10",
+        "--trainer.max_steps",
+        "10",
+        "--trainer.val_check_interval",
+        "5",
+        "--trainer.limit_val_batches",
+        "1",
+        "--trainer.log_every_n_steps",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.default_root_dir",
+        str(run),
+        *extra,
+    ]
+
+
+def step_losses(run: Path) -> dict[int, str]:
+    """The training loss logged at each step, as written; a resumed run's rows replace earlier ones."""
+    losses: dict[int, str] = {}
+    for path in sorted(run.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])):
+        with open(path, newline="") as f:
+            losses |= {int(row["step"]): row["train_loss"] for row in csv.DictReader(f) if row["train_loss"]}
+    return losses
+
+
+def last_checkpoint(run: Path) -> dict[str, Any]:
+    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+
+
+def assert_identical(resumed: Any, straight: Any, where: str) -> None:
+    """Equal tensors bit for bit, and equal everything else, through nested dicts and lists."""
+    if isinstance(straight, torch.Tensor):
+        assert torch.equal(resumed, straight), where
+    elif isinstance(straight, dict):
+        assert resumed.keys() == straight.keys(), where
+        for key in straight:
+            assert_identical(resumed[key], straight[key], f"{where}/{key}")
+    elif isinstance(straight, list | tuple):
+        assert len(resumed) == len(straight), where
+        for i, (a, b) in enumerate(zip(resumed, straight, strict=True)):
+            assert_identical(a, b, f"{where}/{i}")
+    else:
+        assert resumed == straight, where
+
+
+def assert_same_run(resumed: Path, straight: Path) -> None:
+    losses = step_losses(straight)
+    assert sorted(losses) == list(range(10))
+    assert step_losses(resumed) == losses
+    a, b = last_checkpoint(resumed), last_checkpoint(straight)
+    assert a["global_step"] == b["global_step"] == 10
+    for key in (
+        "state_dict",
+        "current_model_state",
+        "averaging_state",
+        "optimizer_states",
+        "torch_rng_state",
+    ):
+        assert_identical(a[key], b[key], key)
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # the data cache and wandb stay in tmp
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    return tmp_path
+
+
+def test_every_way_a_small_yaml_run_ends_resumes_bit_exactly(
+    corpus: Path, in_tmp: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    tmp_path = in_tmp
+    with caplog.at_level("INFO", logger="minigpt"):
+        assert train_main(small_args(corpus, tmp_path / "straight")) == 0
+    dtype, precision = ("bfloat16", "bf16-mixed") if has_native_bf16("cpu") else ("float32", "32-true")
+    assert f"{precision} on cpu" in caplog.text
+    assert f"Muon orthogonalises in {dtype}" in caplog.text
+
+    killed = tmp_path / "killed"
+    crash = run_script(
+        "train.py",
+        *small_args(corpus, killed, f"--trainer.callbacks+={FAULTS}.SignalAt", "--trainer.callbacks.step=7"),
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO)},
+    )
+    assert crash.returncode == -signal.SIGKILL, crash.stderr[-2000:]
+    assert last_checkpoint(killed)["global_step"] == 5
+    assert train_main(small_args(corpus, killed, "--ckpt_path", "last")) == 0
+    assert_same_run(killed, tmp_path / "straight")
+
+    stopped = tmp_path / "stopped"
+    term = (f"--trainer.callbacks+={FAULTS}.SignalAt", "--trainer.callbacks.step=7")
+    term += (f"--trainer.callbacks.signum={int(signal.SIGTERM)}",)
+    assert train_main(small_args(corpus, stopped, *term)) == 128 + signal.SIGTERM
+    assert last_checkpoint(stopped)["global_step"] == 8
+    assert train_main(small_args(corpus, stopped, "--ckpt_path", "last")) == 0
+    assert_same_run(stopped, tmp_path / "straight")
+
+    finished = tmp_path / "finished"
+    assert train_main(small_args(corpus, finished, "--trainer.max_steps", "7")) == 0
+    assert last_checkpoint(finished)["global_step"] == 7
+    assert train_main(small_args(corpus, finished, "--ckpt_path", "last")) == 0
+    assert_same_run(finished, tmp_path / "straight")
+
+
+def test_the_same_in_fp32_where_the_cpu_has_native_bf16(tmp_path: Path) -> None:
+    """The test above in a process that sees no native bf16, so that it trains in fp32 and Muon
+    orthogonalises in fp32: on a CPU with native bf16 this is the other kind of machine."""
+    if not has_native_bf16("cpu"):
+        pytest.skip("this CPU has no native bf16: the test above already ran in fp32")
+    test = f"{Path(__file__).relative_to(REPO)}::test_every_way_a_small_yaml_run_ends_resumes_bit_exactly"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **AVX2_ONLY},
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "1 passed" in result.stdout
