@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -148,22 +147,29 @@ def test_windows_stay_in_one_shard_and_validation_is_a_fixed_spread(source: Path
 
 @pytest.mark.slow
 def test_two_processes_preparing_at_once_build_one_folder(source: Path, tmp_path: Path) -> None:
-    # Both start preparing at the same moment, and each shard takes 50 ms, so the two overlap.
+    # Both start preparing at the same moment (each waits, once imported, until the other is
+    # ready too), and each shard takes 50 ms, so the two overlap.
+    ready = tmp_path / "ready"
+    ready.mkdir()
     script = (
-        "import logging, time; logging.basicConfig(level=logging.INFO, format='%(message)s');"
+        "import logging, os, sys, time; logging.basicConfig(level=logging.INFO, format='%(message)s');"
         "from minigpt.data import DataConfig, prepare; from minigpt.data.shards import ShardWriter;"
         "write = ShardWriter.write_tokens;"
         "ShardWriter.write_tokens = lambda self, f, t: time.sleep(0.05) or write(self, f, t);"
-        f"time.sleep(max(0, {time.time() + 15} - time.time()));"
+        f"ready = {str(ready)!r}; open(os.path.join(ready, sys.argv[1]), 'w').close();"
+        "exec('while len(os.listdir(ready)) < 2: time.sleep(0.01)');"
         f"config = DataConfig(source={str(source)!r}, tokenizer='char', shard_tokens=256);"
         f"p = prepare(config, {str(tmp_path / 'c')!r});"
         "print('DIR', p.directory)"
     )
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            [sys.executable, "-c", script, str(i)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
-        for _ in range(2)
+        for i in range(2)
     ]
     outputs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs

@@ -40,6 +40,7 @@ def step_faults(mode: str) -> int:
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.slow
 @on_glibc
 def test_training_steps_stop_page_faulting_their_buffers_in() -> None:
     default, tuned = step_faults("default"), step_faults("tuned")
@@ -48,6 +49,7 @@ def test_training_steps_stop_page_faulting_their_buffers_in() -> None:
     assert tuned < default / 4
 
 
+@pytest.mark.slow
 @on_glibc
 def test_other_settings_go_through_the_same_path() -> None:
     # The benchmark's "nommap" variant: never mmap, never trim. It keeps pages as "tuned" does.

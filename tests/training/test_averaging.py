@@ -9,13 +9,15 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from minigpt.cli.generate import generate_main
+from minigpt.cli.train import train_main
 from minigpt.data import DataConfig, TextDataModule
 from minigpt.model import ConfigError, GPTConfig
 from minigpt.training.averaging import EMAWeights
 from minigpt.training.config import OptimConfig
 from minigpt.training.lit import LitGPT
 
-from .conftest import run_script, tiny_args
+from .conftest import tiny_args
 
 GPT = GPTConfig(context_length=16, n_layer=1, n_head=2, n_embd=16)
 
@@ -149,28 +151,19 @@ def test_a_decay_outside_0_1_is_refused(decay: float) -> None:
 
 
 def test_train_py_with_ema_samples_from_the_average_and_refuses_a_bad_decay(
-    corpus: Path, tmp_path: Path
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
     ema = ["--trainer.callbacks+=minigpt.training.averaging.EMAWeights", "--trainer.max_steps", "6"]
     run = tmp_path / "run"
-    result = run_script(
-        "train.py", *tiny_args(corpus, run, *ema, "--trainer.callbacks.decay", "0.9"), cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr
-    sample = run_script(
-        "generate.py", "--checkpoint", str(run), "--prompt", "the", "--max_new_tokens", "8", cwd=tmp_path
-    )
-    assert sample.returncode == 0 and sample.stdout.startswith("the"), sample.stderr
+    assert train_main(tiny_args(corpus, run, *ema, "--trainer.callbacks.decay", "0.9")) == 0
+    capsys.readouterr()
+    assert generate_main(["--checkpoint", str(run), "--prompt", "the", "--max_new_tokens", "8"]) == 0
+    assert capsys.readouterr().out.startswith("the")
 
-    bad = run_script(
-        "train.py",
-        *tiny_args(corpus, tmp_path / "bad", *ema, "--trainer.callbacks.decay", "1.5"),
-        cwd=tmp_path,
+    bad = tiny_args(corpus, tmp_path / "bad", *ema, "--trainer.callbacks.decay", "1.5")
+    assert train_main(bad) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: EMAWeights decay must be between 0 and 1 (exclusive), got 1.5"
     )
-    assert bad.returncode != 0
-    assert (
-        bad.stderr.strip()
-        .splitlines()[-1]
-        .endswith("EMAWeights decay must be between 0 and 1 (exclusive), got 1.5")
-    )
-    assert "Traceback" not in bad.stderr
