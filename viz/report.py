@@ -118,6 +118,12 @@ def _wall_seconds(log: RunLog) -> float | None:
     return total if total >= 1.0 else None
 
 
+def _pre(text: str) -> str:
+    # HTML drops one newline right after <pre>: this one, so that text starting with a newline (a
+    # sample of a prompt ending in one) shows it.
+    return f"<pre>\n{escape(text)}</pre>"
+
+
 def _img(png: bytes, alt: str) -> str:
     data = base64.b64encode(png).decode("ascii")
     return f'<img src="data:image/png;base64,{data}" alt="{escape(alt)}">'
@@ -148,7 +154,7 @@ def render_report(
         "<h2>Samples over time</h2>",
     ]
     if samples:
-        parts += [f'<div class="sample"><h3>step {s:,}</h3><pre>{escape(t)}</pre></div>' for s, t in samples]
+        parts += [f'<div class="sample"><h3>step {s:,}</h3>{_pre(t)}</div>' for s, t in samples]
     else:
         parts.append(f'<p class="note">No samples recorded (no {SAMPLES_FILE} in the run folder).</p>')
     parts.append("<h2>Attention maps</h2>")
@@ -162,9 +168,7 @@ def render_report(
     parts.append("<h2>Configuration</h2>")
     if log.config_text is not None:
         source = log.versions[-1] / "config.yaml"
-        parts.append(
-            f"<details><summary>{escape(str(source))}</summary><pre>{escape(log.config_text)}</pre></details>"
-        )
+        parts.append(f"<details><summary>{escape(str(source))}</summary>{_pre(log.config_text)}</details>")
     else:
         parts.append('<p class="note">No config.yaml in the CSV log.</p>')
     parts.append("</body>\n</html>\n")

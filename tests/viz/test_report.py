@@ -30,22 +30,27 @@ class Page(HTMLParser):
         self.tags: list[str] = []
         self.images: list[dict[str, str | None]] = []
         self.text: list[str] = []
+        self.after_pre = False
         self.feed(html)
         self.close()
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.tags.append(tag)
+        self.after_pre = tag == "pre"
         if tag == "img":
             self.images.append(dict(attrs))
         elif tag not in VOID:
             self.open.append(tag)
 
     def handle_endtag(self, tag: str) -> None:
+        self.after_pre = False
         assert self.open and self.open[-1] == tag, f"</{tag}> closes {self.open[-1:]}"
         self.open.pop()
 
     def handle_data(self, data: str) -> None:
-        self.text.append(data)
+        # As a browser reads it: one newline right after <pre> is not part of the text.
+        self.text.append(data.removeprefix("\n") if self.after_pre else data)
+        self.after_pre = False
 
     def row(self, label: str) -> str:
         """The text of the table cell after the header cell `label`."""
@@ -70,7 +75,8 @@ def decode(image: dict[str, str | None]) -> bytes:
 def test_the_report_is_self_contained_and_names_the_final_figures(tmp_path: Path) -> None:
     run = make_run(tmp_path)
     # Out of order on purpose: the report shows the newest last.
-    lines = [{"step": 20, "text": "newest sample"}, {"step": 10, "text": SAMPLE}]
+    # The newest starts with a newline, as a sample of a prompt ending in one does.
+    lines = [{"step": 20, "text": "\nnewest sample"}, {"step": 10, "text": SAMPLE}]
     (run / "samples.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     maps = {"layer 0 <head 0>": a_png("a"), "layer 1 head 0": a_png("b")}
 
@@ -99,7 +105,7 @@ def test_the_report_is_self_contained_and_names_the_final_figures(tmp_path: Path
     # The sample arrives as text, not markup, oldest first; so does the attention map's caption.
     assert "&lt;script&gt;" in html
     assert SAMPLE in page.text and "layer 0 <head 0>" in page.text
-    assert page.text.index(SAMPLE) < page.text.index("newest sample")
+    assert page.text.index(SAMPLE) < page.text.index("\nnewest sample")  # its newline kept
     assert "step 10" in page.text and "step 20" in page.text
     assert any("batch_size: 4" in t for t in page.text)  # the resolved config, in full
     assert sorted(p.name for p in run.iterdir()) == ["csv", "loss_curves.png", "report.html", "samples.jsonl"]
