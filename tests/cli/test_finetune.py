@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -19,6 +21,7 @@ from minigpt.cli.visualize import visualize_main
 from minigpt.data import CharTokenizer
 from minigpt.data.tokenizer.gpt2 import GPT2Tokenizer
 from minigpt.model import GPT
+from minigpt.training.precision import resolve_precision
 
 from ..training.conftest import REPO, make_play, run_script
 
@@ -38,21 +41,28 @@ def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def tiny_gpt2(vocab_size: int, folder: Path) -> Path:
-    """A random GPT-2 saved by transformers, as a downloaded one would be (context 64)."""
+def tiny_gpt2(vocab_size: int, folder: Path, std: float = 0.02) -> Path:
+    """A random GPT-2 saved by transformers, as a downloaded one would be (context 64), its weights
+    drawn with standard deviation `std`."""
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+    config = transformers.GPT2Config(
+        vocab_size=vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=4, initializer_range=std
+    )
     transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+def char_gpt2_in(folder: Path, text: Path, std: float = 0.02) -> Path:
+    """A tiny GPT-2 whose ids are the text's characters (offline: no GPT-2 vocabulary needed)."""
+    tokenizer = CharTokenizer.from_texts([text.read_text()])
+    tiny_gpt2(tokenizer.n_vocab, folder, std)
+    (folder / "minigpt_tokenizer.json").write_text(json.dumps(tokenizer.spec()))
     return folder
 
 
 @pytest.fixture(scope="module")
 def char_gpt2(text: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny GPT-2 whose ids are the text's characters (offline: no GPT-2 vocabulary needed)."""
-    tokenizer = CharTokenizer.from_texts([text.read_text()])
-    folder = tiny_gpt2(tokenizer.n_vocab, tmp_path_factory.mktemp("models") / "char-gpt2")
-    (folder / "minigpt_tokenizer.json").write_text(json.dumps(tokenizer.spec()))
-    return folder
+    return char_gpt2_in(tmp_path_factory.mktemp("models") / "char-gpt2", text)
 
 
 def finetune_args(text: Path, weights: Path, run: Path, *extra: str) -> list[str]:
@@ -143,6 +153,74 @@ def test_a_char_vocabulary_built_from_other_text_is_refused(
     assert "(a vocabulary built from other text)" in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+class FirstStep(L.Callback):
+    """Saves `<folder>/first_step.pt`: the weights the run holds before its first optimizer step,
+    the first batch, the loss training computed on it, and the run's precision."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.record: dict = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == 0:
+            state = pl_module.model.state_dict()
+            self.record.update(state={k: v.detach().clone() for k, v in state.items()}, batch=batch)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == 1:  # the first optimizer step is done; the loss is the one it took
+            self.record.update(loss=outputs["loss"].detach().clone(), precision=str(trainer.precision))
+            self.folder.mkdir(parents=True, exist_ok=True)
+            torch.save(self.record, self.folder / "first_step.pt")
+
+
+@pytest.mark.parametrize("context", [64, 32], ids=["full-context", "shorter-context"])
+def test_a_fine_tune_starts_from_the_weights_it_is_given(
+    text: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, context: int
+) -> None:
+    """Before its first step the run holds the file's weights, bit for bit (a shorter context keeps
+    the first rows of the position table), and its first loss is the file's model's loss on that
+    batch, computed here in the run's precision. Dropout is off: its mask would make the two losses
+    differ by chance."""
+    # Weights at 10x GPT-2's initial scale: at 0.02 any function of them has a loss of about
+    # ln(vocabulary), and a run computing another one (GELU's exact form instead of GPT-2's tanh)
+    # could still match the reference to the bit.
+    char_gpt2 = char_gpt2_in(tmp_path / "sharp-gpt2", text, std=0.2)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    probe = [f"--trainer.callbacks+={__name__}.FirstStep", f"--trainer.callbacks.folder={tmp_path}"]
+    # One step and no validation, on the CPU (where the reference loss below is computed).
+    one_step = (
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.max_steps",
+        "1",
+        "--trainer.limit_val_batches",
+        "0",
+    )
+    args = finetune_args(text, char_gpt2, tmp_path / "run", "--data.config.tokenizer", "char", *one_step)
+    args += ["--model.gpt.dropout", "0", "--model.gpt.context_length", str(context), *probe]
+    assert train_main(args) == 0
+    first = torch.load(tmp_path / "first_step.pt", weights_only=True)
+
+    source, _ = load_model(char_gpt2)
+    expected = source.state_dict()
+    expected["transformer.wpe.weight"] = expected["transformer.wpe.weight"][:context]
+    assert first["state"].keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(first["state"][key], value, rtol=0, atol=0, msg=key)
+
+    # The precision finetune.yaml asks for, as this machine resolves it (bf16 where native, else fp32).
+    assert first["precision"] == resolve_precision("bf16-mixed")
+    x, y = first["batch"]
+    assert x.shape == (8, context)
+    bf16 = first["precision"] == "bf16-mixed"
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = source(x)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+    # The same weights, inputs and kernels: the same bits, in bf16 as in fp32.
+    torch.testing.assert_close(first["loss"], loss, rtol=0, atol=0)
+
+
 def test_fine_tuning_lowers_the_loss_resumes_exactly_and_exports_to_transformers(
     text: Path, char_gpt2: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -169,7 +247,9 @@ def test_fine_tuning_lowers_the_loss_resumes_exactly_and_exports_to_transformers
         cwd=tmp_path,
         env=ENV,
     )
-    assert crashed.returncode != 0
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    last = tmp_path / "crashed" / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 8
     resumed = run_script(
         "train.py",
         *finetune_args(text, char_gpt2, tmp_path / "crashed", *char, "--ckpt_path", "last"),
@@ -199,9 +279,16 @@ def test_fine_tuning_lowers_the_loss_resumes_exactly_and_exports_to_transformers
     # generate.py and visualize.py read the exported folder as they read a run.
     assert generate_main(["--checkpoint", str(out), "--prompt", "ROMEO:", "--max_new_tokens", "20"]) == 0
     assert capsys.readouterr().out.startswith("ROMEO:")
-    png = tmp_path / "maps.png"
-    assert visualize_main(["--checkpoint", str(out), "--prompt", "ROMEO:", "--out", str(png)]) == 0
-    assert png.stat().st_size > 0
+    # visualize.py's --out is a folder, of one PNG per layer: the same maps as the run's weights draw.
+    maps = {}
+    for name, checkpoint in (("exported", out), ("run", tmp_path / "straight")):
+        folder = tmp_path / f"maps-{name}"
+        assert (
+            visualize_main(["--checkpoint", str(checkpoint), "--prompt", "ROMEO:", "--out", str(folder)]) == 0
+        )
+        maps[name] = {path.name: path.read_bytes() for path in folder.iterdir()}
+    assert sorted(maps["exported"]) == sorted(maps["run"]) == ["layer0.png", "layer1.png"]
+    assert [name for name in maps["run"] if maps["exported"][name] != maps["run"][name]] == []
 
 
 def _val_losses(run: Path) -> list[float]:
