@@ -7,6 +7,7 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -16,6 +17,7 @@ from torch import nn
 
 from minigpt.data import DataConfig, TextDataModule
 from minigpt.model import GPT, GPTConfig
+from minigpt.training import throughput
 from minigpt.training.config import SampleConfig
 from minigpt.training.console import RunSummary, StepProgressBar
 from minigpt.training.dashboard import SampleText
@@ -62,13 +64,30 @@ def metrics(tmp_path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_tokens_seen_and_mfu_are_logged_per_step(corpus: Path, tmp_path: Path) -> None:
-    fit(tmp_path, corpus, [TokensPerSecond(peak_flops=1e12)])
+def test_tokens_seen_throughput_and_mfu_are_logged_per_step(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The callback's clock at the end of steps 1 to 6, so the figures are exact.
+    ends = iter([0.0, 0.25, 0.75, 1.0, 2.0, 2.5])
+    monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=lambda: next(ends)))
+    trainer = fit(tmp_path, corpus, [TokensPerSecond(peak_flops=1e12)])
     rows = [r for r in metrics(tmp_path) if r.get("tokens_seen")]
     # 4 windows of 16 tokens per step, one process, no accumulation.
     assert [float(r["tokens_seen"]) for r in rows] == [64.0 * step for step in range(1, 7)]
-    mfu = [float(r["mfu"]) for r in metrics(tmp_path) if r.get("mfu")]
-    assert mfu and all(0 < value < 1 for value in mfu)
+    # 64 tokens over the time since the previous step's end; step 1 has none, nor has step 4, after
+    # the validation. (Step 4's row repeats step 3's figures: Lightning keeps a step's metric that
+    # a callback did not log again.)
+    rates = {2: 64 / 0.25, 3: 64 / 0.5, 5: 64 / 1.0, 6: 64 / 0.5}
+    timed = {step: rows[step - 1] for step in rates}
+    assert {step: float(row["tokens_per_sec"]) for step, row in timed.items()} == rates
+    # MFU from the shape alone: 6 FLOPs per weight of every matmul (2 forward, 4 backward) per token,
+    # and attention's QKᵀ and AV, 2 x 2 x T x n_embd FLOPs per layer per token forward, 3x that with
+    # backward; over the 1e12 FLOP/s peak given.
+    model = trainer.lightning_module.model
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    flops_per_token = 6 * linear + 3 * 2 * 2 * SHAPE.context_length * SHAPE.n_embd * SHAPE.n_layer
+    for step, row in timed.items():  # logged as float32: 1e-6 is 10x its rounding
+        assert float(row["mfu"]) == pytest.approx(rates[step] * flops_per_token / 1e12, rel=1e-6), step
 
 
 def test_mfu_is_omitted_where_no_peak_is_known(corpus: Path, tmp_path: Path) -> None:
