@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors import safe_open
 
-from minigpt.checkpoints import load_model
+from minigpt.checkpoints import MODEL_KEY, load_model
 from minigpt.cli.export import export_main
 from minigpt.cli.generate import generate_main
 from minigpt.model import GPT
@@ -65,6 +68,23 @@ def test_export_never_overwrites_without_force(model: GPT, tmp_path: Path, capsy
     assert out.read_bytes() == b"keep me"
     assert export_main(["--checkpoint", str(ckpt), "--out", str(out), "--force"]) == 0
     assert load_model(out)[0].config == CONFIG
+
+
+def test_export_writes_the_checkpoints_weights_and_description(model: GPT, tmp_path: Path) -> None:
+    checkpoint = torch.load(write_checkpoint(tmp_path / "m.ckpt", model), weights_only=True)
+    weights = {key.removeprefix("model."): value for key, value in checkpoint["state_dict"].items()}
+    out = tmp_path / "m.safetensors"
+    assert export_main(["--checkpoint", str(tmp_path / "m.ckpt"), "--out", str(out)]) == 0
+    with safe_open(out, "pt") as exported:
+        metadata = exported.metadata()
+        tensors = {key: exported.get_tensor(key) for key in exported.keys()}
+    assert json.loads(metadata.pop(MODEL_KEY)) == checkpoint[MODEL_KEY]
+    # The head is tied to the token embeddings: stored once, the other name in the metadata.
+    assert metadata == {"transformer.wte.weight": "lm_head.weight"}
+    tensors["transformer.wte.weight"] = tensors["lm_head.weight"]
+    assert tensors.keys() == weights.keys()
+    for key, value in weights.items():
+        torch.testing.assert_close(tensors[key], value, rtol=0, atol=0, msg=key)  # dtype too
 
 
 def test_generate_reads_its_options_from_a_config_file(
