@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from wandb.proto.wandb_internal_pb2 import Record
 
 from minigpt.data import DataConfig, prepare
 from minigpt.data.windows import train_offsets
@@ -21,14 +24,52 @@ from .test_train_generate import read_metrics
 pytestmark = pytest.mark.slow
 
 
-def wandb_record(run: Path, keys: tuple[bytes, ...], within: float = 30.0) -> bytes:
-    """The offline run's record once it holds `keys`, or as it is after `within` seconds: wandb's
-    service process writes it, and may still be writing when train.py has exited."""
+WANDB_LOG_HEADER = b":W&B\xe1\xbe\x00"
+"""An offline run's `.wandb` file starts with wandb's name, magic number 0xBEE1 and version 0."""
+
+WANDB_BLOCK = 32 * 1024
+"""Then come protobuf `Record`s in LevelDB's log layout: 32 KiB blocks of chunks, each after a
+7-byte header (CRC32, length, type: 1 a whole record, 2-4 its first, middle and last part); a
+block's tail too short for a header is padding."""
+
+
+def wandb_records(path: Path) -> list[Record]:
+    """The records written so far (wandb's Python package has no reader for these files)."""
+    data = path.read_bytes()
+    assert data.startswith(WANDB_LOG_HEADER), path
+    records, pending, at = [], b"", len(WANDB_LOG_HEADER)
+    while at + 7 <= len(data):
+        if WANDB_BLOCK - at % WANDB_BLOCK < 7:
+            at += WANDB_BLOCK - at % WANDB_BLOCK
+            continue
+        length, kind = struct.unpack_from("<HB", data, at + 4)
+        if at + 7 + length > len(data):
+            break  # still being written
+        pending += data[at + 7 : at + 7 + length]
+        at += 7 + length
+        if kind in (1, 4):
+            records.append(Record.FromString(pending))
+            pending = b""
+    return records
+
+
+def wandb_logs(run: Path, metrics: set[str], within: float = 30.0) -> tuple[dict[str, Any], list[dict]]:
+    """The offline run's config and its history rows (one dict of metrics per `log` call) once
+    the rows hold every metric of `metrics`, or as they are after `within` seconds: wandb's service
+    process writes them, and may still be writing when train.py has exited."""
     deadline = time.monotonic() + within
     while True:
-        record = next(run.glob("run-*.wandb")).read_bytes()
-        if all(key in record for key in keys) or time.monotonic() > deadline:
-            return record
+        config, rows = {}, []
+        for record in wandb_records(next(run.glob("run-*.wandb"))):
+            kind = record.WhichOneof("record_type")
+            items = record.config.update if kind == "config" else record.history.item
+            entries = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
+            if kind == "config":
+                config |= entries
+            elif kind == "history":
+                rows.append(entries)
+        if metrics <= {key for row in rows for key in row} or time.monotonic() > deadline:
+            return config, rows
         time.sleep(0.5)
 
 
@@ -54,18 +95,16 @@ def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) ->
     assert result.returncode == 0, result.stderr[-3000:]
     runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, "expected one offline wandb run folder under the run's output directory"
-    keys = (
-        b"n_layer",
-        b"train_loss",
-        b"val_loss",
-        b"tokens_per_sec",
-        b"lr-AdamW",
-        b"tokens_seen",
-        b"grad_norm",
-    )
-    record = wandb_record(runs[0], keys)
-    for key in keys:
-        assert key in record, key  # config and metrics went to the dashboard
+    metrics = {"train_loss", "val_loss", "val_ppl", "tokens_per_sec", "tokens_seen", "grad_norm"}
+    metrics |= {"lr-AdamW/pg1", "lr-AdamW/pg2"}
+    config, rows = wandb_logs(runs[0], metrics)
+    assert config["model"]["gpt"]["n_layer"] == 2 and config["trainer"]["max_steps"] == 10
+    # Every metric is in the history as logged to the CSV file: the same values at the same steps.
+    csv_rows = read_metrics(tmp_path / "run")
+    for metric in sorted(metrics):
+        logged = {row["trainer/global_step"]: row[metric] for row in rows if metric in row}
+        expected = {int(row["step"]): float(row[metric]) for row in csv_rows if row.get(metric)}
+        assert len(expected) >= 2 and logged == pytest.approx(expected, rel=1e-7), metric
     images = {p.name.split("_")[0] for p in runs[0].glob("files/media/images/*.png")}
     assert images == {"attention", "loss"}, images  # attention maps each validation, curves at the end
     assert (tmp_path / "run" / "report.html").is_file()
