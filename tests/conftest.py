@@ -138,3 +138,29 @@ def gpt2_encoding(private_cache: Path) -> tiktoken.Encoding:
 @pytest.fixture
 def gpt2(gpt2_encoding: tiktoken.Encoding) -> GPT2Tokenizer:
     return GPT2Tokenizer(gpt2_encoding)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """README says `-m "not slow"` leaves out every test that runs Python in another process
+    (train.py, DDP's processes, torch.compile's workers): a test not marked slow that starts one
+    fails, naming the command. Short system commands (ldconfig for ctypes) are not counted."""
+    if item.get_closest_marker("slow"):
+        return (yield)
+    started: list[object] = []
+    original = subprocess.Popen.__init__
+
+    def record(self: subprocess.Popen, args: object, *rest: object, **options: object) -> None:
+        program = args if isinstance(args, str | bytes | os.PathLike) else list(args)[0]  # type: ignore[call-overload]
+        if os.path.basename(os.fsdecode(program)).startswith("python") or program == sys.executable:
+            started.append(args)
+        original(self, args, *rest, **options)
+
+    subprocess.Popen.__init__ = record  # type: ignore[method-assign]
+    try:
+        result = yield
+    finally:
+        subprocess.Popen.__init__ = original  # type: ignore[method-assign]
+    if started:
+        raise AssertionError(f"this test starts a process ({started[0]!r}): mark it @pytest.mark.slow")
+    return result
