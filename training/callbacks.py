@@ -99,7 +99,7 @@ class SaveAndStopOnSignal(L.Callback):
             received = int(trainer.strategy.reduce(signalled, reduce_op="max"))
         if received:
             self.received = received
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)
             self.saved_step = trainer.global_step
             trainer.should_stop = True
 

@@ -19,8 +19,10 @@ class TokensPerSecond(L.Callback):
     """Logs `tokens_per_sec` (in the progress bar), `tokens_seen` and, with a known peak, `mfu`.
 
     Throughput is measured from the end of one optimizer step to the end of the next, over all
-    ranks, so it includes data loading, forward, backward and the optimizer, and not validation.
-    MFU is model FLOPs per second (`training_flops_per_token`) over the hardware's peak.
+    ranks, so it includes data loading, forward, backward and the optimizer, and not validation:
+    the first step after a validation is timed from its own start. The run's first step, which
+    pays one-off costs, is not timed. MFU is model FLOPs per second (`training_flops_per_token`)
+    over the hardware's peak.
     """
 
     def __init__(self, peak_flops: float | None = None) -> None:
@@ -34,11 +36,19 @@ class TokensPerSecond(L.Callback):
         self._flops_per_token: int | None = None
         self._last: float | None = None
         self._tokens = 0
+        self._after_validation = False
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.peak_flops is None:
             self.peak_flops = known_peak_flops(pl_module.device, str(trainer.precision))
         self._flops_per_token = training_flops_per_token(pl_module.model.config)
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self._after_validation and batch_idx % trainer.accumulate_grad_batches == 0:
+            # Else this step would log nothing, and Lightning would repeat the last step's figures.
+            self._last, self._after_validation = time.perf_counter(), False
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -58,3 +68,4 @@ class TokensPerSecond(L.Callback):
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last, self._tokens = None, 0  # validation time is not training time
+        self._after_validation = not trainer.sanity_checking

@@ -34,6 +34,12 @@ FAULTS = "tests.training.faults"
 ENV = {"PYTHONPATH": str(REPO)}
 
 
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs made in this process prepare their data under the working directory: keep it in tmp."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("corpus") / "play.txt"

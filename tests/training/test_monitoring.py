@@ -67,19 +67,21 @@ def metrics(tmp_path: Path) -> list[dict[str, str]]:
 def test_tokens_seen_throughput_and_mfu_are_logged_per_step(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The callback's clock at the end of steps 1 to 6, so the figures are exact.
-    ends = iter([0.0, 0.25, 0.75, 1.0, 2.0, 2.5])
+    # The callback's clock at the end of steps 1 to 3, the start of step 4 (after the validation)
+    # and the end of steps 4 to 6, so the figures are exact.
+    ends = iter([0.0, 0.25, 0.75, 10.0, 11.0, 12.0, 12.5])
     monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=lambda: next(ends)))
     trainer = fit(tmp_path, corpus, [TokensPerSecond(peak_flops=1e12)])
     rows = [r for r in metrics(tmp_path) if r.get("tokens_seen")]
     # 4 windows of 16 tokens per step, one process, no accumulation.
     assert [float(r["tokens_seen"]) for r in rows] == [64.0 * step for step in range(1, 7)]
-    # 64 tokens over the time since the previous step's end; step 1 has none, nor has step 4, after
-    # the validation. (Step 4's row repeats step 3's figures: Lightning keeps a step's metric that
-    # a callback did not log again.)
-    rates = {2: 64 / 0.25, 3: 64 / 0.5, 5: 64 / 1.0, 6: 64 / 0.5}
+    # 64 tokens over the time since the previous step's end; step 1 has none, and step 4, after the
+    # validation, is timed from its own start (not from before the validation, nor left to repeat
+    # step 3's figures, as Lightning does with a step metric a callback did not log again).
+    rates = {2: 64 / 0.25, 3: 64 / 0.5, 4: 64 / 1.0, 5: 64 / 1.0, 6: 64 / 0.5}
     timed = {step: rows[step - 1] for step in rates}
     assert {step: float(row["tokens_per_sec"]) for step, row in timed.items()} == rates
+    assert not rows[0]["tokens_per_sec"]
     # MFU from the shape alone: 6 FLOPs per weight of every matmul (2 forward, 4 backward) per token,
     # and attention's QKᵀ and AV, 2 x 2 x T x n_embd FLOPs per layer per token forward, 3x that with
     # backward; over the 1e12 FLOP/s peak given.
