@@ -1,10 +1,14 @@
-"""The wandb dashboard offline, and a two-process DDP run on the CPU."""
+"""The wandb dashboard offline, and two-process DDP runs on the CPU.
+
+Most checks read conftest.py's runs, shared with test_ddp_equivalence.py: `two_processes` (DDP,
+wandb offline without credentials), `one_process` (logged in to an unreachable wandb, with a logger
+added by YAML), `with_dropout` (a two-process run shorter than its log and validation intervals)
+and `stopped_with_dropout` (SIGTERM to one rank)."""
 
 from __future__ import annotations
 
 import json
 import signal
-import socket
 import struct
 import time
 from pathlib import Path
@@ -17,8 +21,7 @@ from wandb.proto.wandb_internal_pb2 import Record
 from minigpt.data import DataConfig, prepare
 from minigpt.data.windows import train_offsets
 
-from .conftest import REPO, run_script, tiny_args
-from .test_faults import FAULTS
+from .conftest import DDP, ENV, FAULTS, PROBES, WANDB_SECRET, Launch, run_script, tiny_args
 from .test_train_generate import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -73,57 +76,29 @@ def wandb_logs(run: Path, metrics: set[str], within: float = 30.0) -> tuple[dict
         time.sleep(0.5)
 
 
-def test_wandb_runs_offline_without_credentials(corpus: Path, tmp_path: Path) -> None:
-    env = {"WANDB_MODE": None, "WANDB_API_KEY": None, "NETRC": str(tmp_path / "no-netrc")}
-    result = run_script(
-        "train.py",
-        *tiny_args(
-            corpus,
-            tmp_path / "run",
-            *(
-                "--trainer.logger.mode",
-                "auto",
-                "--trainer.max_steps",
-                "10",
-                "--trainer.val_check_interval",
-                "5",
-            ),
-        ),
-        cwd=tmp_path,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+def test_wandb_runs_offline_without_credentials(two_processes: Launch) -> None:
+    # Under DDP, from rank 0 alone.
+    runs = list((two_processes.run / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, "expected one offline wandb run folder under the run's output directory"
     metrics = {"train_loss", "val_loss", "val_ppl", "tokens_per_sec", "tokens_seen", "grad_norm"}
     metrics |= {"lr-AdamW/pg1", "lr-AdamW/pg2"}
     config, rows = wandb_logs(runs[0], metrics)
-    assert config["model"]["gpt"]["n_layer"] == 2 and config["trainer"]["max_steps"] == 10
+    assert config["model"]["gpt"]["n_layer"] == 2 and config["trainer"]["max_steps"] == 8
     # Every metric is in the history as logged to the CSV file: the same values at the same steps.
-    csv_rows = read_metrics(tmp_path / "run")
+    csv_rows = read_metrics(two_processes.run)
     for metric in sorted(metrics):
         logged = {row["trainer/global_step"]: row[metric] for row in rows if metric in row}
         expected = {int(row["step"]): float(row[metric]) for row in csv_rows if row.get(metric)}
         assert len(expected) >= 2 and logged == pytest.approx(expected, rel=1e-7), metric
     images = {p.name.split("_")[0] for p in runs[0].glob("files/media/images/*.png")}
     assert images == {"attention", "loss"}, images  # attention maps each validation, curves at the end
-    assert (tmp_path / "run" / "report.html").is_file()
+    assert (two_processes.run / "report.html").is_file()
     tables = [json.loads(p.read_text()) for p in runs[0].glob("files/media/table/samples_*.table.json")]
     assert len(tables) == 2, "one samples table per validation"
     table = max(tables, key=lambda t: len(t["data"]))
     assert table["columns"] == ["step", "text"]
-    assert [row[0] for row in table["data"]] == [5, 10]
-    assert (tmp_path / "run" / "csv").is_dir()  # CSV always runs beside wandb
-
-
-DDP = ["--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", "ddp"]
-ENV = {"PYTHONPATH": str(REPO)}
-
-
-def ddp_args(corpus: Path, run: Path, ranks: Path, *extra: str) -> list[str]:
-    """tiny.yaml on two CPU processes, each recording what it saw into `ranks`."""
-    probe = ["--trainer.callbacks+=tests.training.probes.RecordRank", f"--trainer.callbacks.folder={ranks}"]
-    return tiny_args(corpus, run, *DDP, *probe, *extra)
+    assert [row[0] for row in table["data"]] == [4, 8]
+    assert (two_processes.run / "csv").is_dir()  # CSV always runs beside wandb
 
 
 def read_ranks(ranks: Path) -> list[dict]:
@@ -144,25 +119,20 @@ def assert_gone(pid: int, within: float = 10.0) -> None:
     assert not stat.exists(), f"process {pid} is still running"
 
 
-def test_two_process_ddp_on_cpu(corpus: Path, tmp_path: Path) -> None:
-    ranks = tmp_path / "ranks"
-    args = ddp_args(
-        corpus, tmp_path / "run", ranks, "--trainer.max_steps", "10", "--trainer.val_check_interval", "5"
-    )
-    result = run_script("train.py", *args, cwd=tmp_path, env=ENV)
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_two_process_ddp_on_cpu(two_processes: Launch, corpus: Path, tmp_path: Path) -> None:
     # One process wrote checkpoints and logs.
-    assert len(list((tmp_path / "run" / "csv").glob("version_*"))) == 1
-    assert result.stdout.count("--- sample at step 10 ---") == 1
-    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
-    assert checkpoint["global_step"] == 10
-    rows = read_metrics(tmp_path / "run")
+    assert len(list((two_processes.run / "csv").glob("version_*"))) == 1
+    assert two_processes.result.stdout.count("--- sample at step 8 ---") == 1
+    checkpoint = torch.load(two_processes.run / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 8
+    rows = read_metrics(two_processes.run)
     val = [float(r["val_loss"]) for r in rows if r.get("val_loss")]
     assert len(val) == 2 and val[-1] < val[0]
 
-    first, second = read_ranks(ranks)
+    first, second = read_ranks(two_processes.records)
     # Each rank reads its own windows: in one step the two ranks read, between them, exactly the
     # windows one process reads in two (the epoch's random start positions, dealt out in turn).
+    # A step is 16 windows of 64 tokens (SAME_RUN): 8 on each rank.
     prepared = prepare(
         DataConfig(source=str(corpus), tokenizer="char", cache_dir=str(tmp_path / "data_cache"))
     )
@@ -170,8 +140,8 @@ def test_two_process_ddp_on_cpu(corpus: Path, tmp_path: Path) -> None:
     offsets = train_offsets(len(train), 64, seed=1337, epoch=0)
     for step in range(2):
         mine, theirs = first["windows"][step], second["windows"][step]
-        expected = [train[o : o + 16].tolist() for o in offsets[32 * step : 32 * (step + 1)]]
-        assert len(mine) == len(theirs) == 16
+        expected = [train[o : o + 16].tolist() for o in offsets[16 * step : 16 * (step + 1)]]
+        assert len(mine) == len(theirs) == 8
         assert sorted(mine + theirs) == sorted(expected)
         assert not {tuple(w) for w in mine} & {tuple(w) for w in theirs}
     # The logged validation loss is the mean over both ranks, whose windows and losses differ.
@@ -180,31 +150,37 @@ def test_two_process_ddp_on_cpu(corpus: Path, tmp_path: Path) -> None:
         assert logged == pytest.approx((mine + theirs) / 2, abs=1e-5)
 
 
-def run_with_fault_on_rank_1(corpus: Path, tmp_path: Path, ranks: Path, fault: str, *init_args: str):
-    """A 2-process run into tmp_path/run with `fault` (from faults.py) striking rank 1 at step 3;
-    it must end without a traceback."""
-    args = [f"--trainer.callbacks+={FAULTS}.{fault}", "--trainer.callbacks.step=3"]
-    args += [f"--trainer.callbacks.{arg}" for arg in init_args] + ["--trainer.callbacks.rank=1"]
-    result = run_script(
-        "train.py", *ddp_args(corpus, tmp_path / "run", ranks, *args), cwd=tmp_path, env=ENV, timeout=180
-    )
+def test_a_two_process_run_shorter_than_its_log_interval_ends_with_a_checkpoint_and_a_report(
+    with_dropout: Launch,
+) -> None:
+    # tiny.yaml logs every 5 steps and validates every 20: 4 steps leave no row in the CSV log.
+    result = with_dropout.result
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert torch.load(with_dropout.run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
+    assert (with_dropout.run / "loss_curves.png").is_file()
+    report = (with_dropout.run / "report.html").read_text(encoding="utf-8")
+    assert "none yet: the run ended before its first log row or validation" in report
+    assert "error" not in result.stderr.lower(), result.stderr[-3000:]
+
+
+def test_sigterm_to_one_rank_saves_and_stops_every_rank(stopped_with_dropout: Launch) -> None:
+    result = stopped_with_dropout.result
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    return result
-
-
-def test_sigterm_to_one_rank_saves_and_stops_every_rank(corpus: Path, tmp_path: Path) -> None:
-    ranks = tmp_path / "ranks"
-    result = run_with_fault_on_rank_1(corpus, tmp_path, ranks, "SignalAt", f"signum={int(signal.SIGTERM)}")
     assert result.returncode == 128 + signal.SIGTERM, result.stderr[-3000:]
-    assert "stopped by SIGTERM: saved step 4" in result.stderr
-    assert torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 4
-    for record in read_ranks(ranks):
+    assert "stopped by SIGTERM: saved step 2" in result.stderr
+    checkpoint = stopped_with_dropout.run / "checkpoints" / "last.ckpt"
+    assert torch.load(checkpoint, weights_only=True)["global_step"] == 2
+    for record in read_ranks(stopped_with_dropout.records):
         assert_gone(record["pid"])
 
 
 def test_divergence_on_one_rank_stops_every_rank(corpus: Path, tmp_path: Path) -> None:
     ranks = tmp_path / "ranks"
-    result = run_with_fault_on_rank_1(corpus, tmp_path, ranks, "PoisonWeights")
+    poison = (f"--trainer.callbacks+={FAULTS}.PoisonWeights", "--trainer.callbacks.step=3")
+    poison += ("--trainer.callbacks.rank=1", f"--trainer.callbacks+={PROBES}.RecordRank")
+    args = tiny_args(corpus, tmp_path / "run", *DDP, *poison, f"--trainer.callbacks.folder={ranks}")
+    result = run_script("train.py", *args, cwd=tmp_path, env=ENV, timeout=180)
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [
@@ -214,43 +190,15 @@ def test_divergence_on_one_rank_stops_every_rank(corpus: Path, tmp_path: Path) -
         assert_gone(record["pid"])
 
 
-def test_the_wandb_api_key_never_reaches_logs_or_saved_configs(corpus: Path, tmp_path: Path) -> None:
-    secret = "sentinel" + "0123456789abcdef" * 2 + "sentinel"
-    # Logged in, and the server refuses connections (a port bound but not listening), whatever
-    # this machine's network: the run must fall back to offline logging without hanging.
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        server = f"http://127.0.0.1:{closed.getsockname()[1]}"
-        env = {
-            "WANDB_MODE": None,
-            "WANDB_API_KEY": secret,
-            "WANDB_BASE_URL": server,
-            "NETRC": str(tmp_path / "no-netrc"),
-        }
-        args = tiny_args(
-            corpus, tmp_path / "run", "--trainer.max_steps", "10", "--trainer.val_check_interval", "5"
-        )
-        result = run_script("train.py", *args, cwd=tmp_path, env=env, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
-    assert secret not in result.stdout + result.stderr
-    for path in (tmp_path / "run").rglob("*"):
+def test_the_wandb_api_key_never_reaches_logs_or_saved_configs(one_process: Launch) -> None:
+    assert list((one_process.run / "wandb").glob("offline-run-*"))
+    assert WANDB_SECRET not in one_process.result.stdout + one_process.result.stderr
+    for path in one_process.folder.rglob("*"):  # the run folder and the added logger's
         if path.is_file():
-            assert secret.encode() not in path.read_bytes(), path
+            assert WANDB_SECRET.encode() not in path.read_bytes(), path
 
 
-def test_a_logger_is_added_by_yaml_alone(corpus: Path, tmp_path: Path) -> None:
-    extra = tmp_path / "extra.yaml"
-    extra.write_text(
-        "trainer:\n"
-        "  logger:\n"
-        "    - class_path: minigpt.training.loggers.CSVLogger\n"
-        "    - class_path: lightning.pytorch.loggers.CSVLogger\n"
-        f"      init_args: {{save_dir: {tmp_path / 'elsewhere'}, name: extra}}\n"
-    )
-    args = tiny_args(corpus, tmp_path / "run", "--config", str(extra), "--trainer.max_steps", "10")
-    result = run_script("train.py", *args, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-3000:]
-    for folder in (tmp_path / "run" / "csv", tmp_path / "elsewhere" / "extra"):
+def test_a_logger_is_added_by_yaml_alone(one_process: Launch) -> None:
+    for folder in (one_process.run / "csv", one_process.folder / "elsewhere" / "extra"):
         rows = (folder / "version_0" / "metrics.csv").read_text().splitlines()
         assert "train_loss" in rows[0] and len(rows) > 1, folder
