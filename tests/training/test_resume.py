@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from minigpt.cli.train import train_main
 from minigpt.training.precision import has_native_bf16
@@ -41,10 +42,23 @@ AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 as one without native bf16 does."""
 
 
+def quick_maps(folder: Path) -> Path:
+    """small.yaml's callbacks, with the attention maps drawn for a 6-character prompt: the default
+    line, 45 characters at char level, makes each validation's drawing cost more than its steps."""
+    callbacks = yaml.safe_load((REPO / "configs" / "small.yaml").read_text())["trainer"]["callbacks"]
+    maps = next(c for c in callbacks if c["class_path"].endswith(".AttentionMaps"))
+    maps["init_args"] = {"prompt": "ROMEO:"}
+    path = folder / "quick_maps.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}))
+    return path
+
+
 def small_args(corpus: Path, run: Path, *extra: str) -> list[str]:
     return [
         "--config",
         "small.yaml",
+        "--config",
+        str(quick_maps(run.parent)),
         "--data.config.source",
         str(corpus),
         "--data.config.tokenizer",
