@@ -169,12 +169,9 @@ class MultiHeadAttention(nn.Module):
         *,
         qk_norm: bool = False,
         rotary: RotaryEmbedding | None = None,
-        value_residual: bool = False,
     ) -> None:
         """The first six arguments are the reference text's. `qk_norm` normalises queries and
-        keys per head (RMS, no gain); `rotary` rotates them by position (RoPE); `value_residual`
-        gives the layer two learned weights that mix its values with the `first_values` that
-        `forward` is handed (the first layer's)."""
+        keys per head (RMS, no gain); `rotary` rotates them by position (RoPE)."""
         super().__init__()
         if d_out % num_heads:
             raise ValueError(f"d_out ({d_out}) must be divisible by num_heads ({num_heads})")
@@ -192,8 +189,6 @@ class MultiHeadAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.qk_norm = qk_norm
         self.rotary = rotary
-        if value_residual:  # (own, first); half of each to start, as in the speedrun
-            self.value_lambdas = nn.Parameter(torch.full((2,), 0.5))
         # True above the diagonal = "may not look here". Boolean and non-persistent: it costs no
         # checkpoint space, needs no cast per forward, and a checkpoint still loads when the
         # context length changes. Shared with every other layer of this context length.
@@ -237,30 +232,16 @@ class MultiHeadAttention(nn.Module):
         return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        kv_cache: KVCache | None = None,
-        return_weights: bool = False,
-        first_values: torch.Tensor | None = None,
-        return_values: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        self, x: torch.Tensor, *, kv_cache: KVCache | None = None, return_weights: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend over `x` (B, T, d_in), continuing the sequence held in `kv_cache` if given.
 
         With `return_weights=True` the explicit reference path runs and also returns the
         attention weights (B, nh, T, T_total) after dropout; otherwise the `attention` setting
-        picks the path. A layer built with `value_residual` attends over
-        `value_lambdas[0] * values + value_lambdas[1] * first_values` (first_values: the first
-        layer's values of the same tokens, (B, nh, T, hs)). `return_values=True` appends this
-        layer's own values, before any mixing, to what is returned: the output, then the weights
-        if asked for, then the values.
+        picks the path.
         """
         b, t, _ = x.shape
         queries_keys, values = self._project(x)
-        own_values = values
-        if first_values is not None:  # mixed before caching: the cache holds what is attended to
-            values = self.value_lambdas[0] * values + self.value_lambdas[1] * first_values
-
         past = kv_cache.length if kv_cache is not None else 0
         total = past + t
         if total > self.mask.shape[0]:
@@ -280,8 +261,7 @@ class MultiHeadAttention(nn.Module):
 
         context = context.transpose(1, 2).contiguous().view(b, t, self.d_out)  # (B, T, d_out)
         out = self.out_proj(context)
-        returned = (out, *((weights,) if return_weights else ()), *((own_values,) if return_values else ()))
-        return returned if len(returned) > 1 else out
+        return (out, weights) if return_weights else out
 
     def _use_sdpa(self, x: torch.Tensor) -> bool:
         if self.attention != "auto":

@@ -159,7 +159,6 @@ LEVERS = (
     "activation",
     "zero_init_proj",
     "tie_weights",
-    "logit_softcap",
 )
 
 
