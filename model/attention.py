@@ -2,8 +2,8 @@
 
 `MultiHeadAttention` keeps the teaching version's names and semantics (separate query/key/value
 projections, a registered upper-triangular mask, dropout on the attention weights, an output
-projection) and adds two things a real model needs: a path through PyTorch's fused
-scaled-dot-product attention (SDPA), and a key/value cache for generation.
+projection) and adds what a real model needs: a path through PyTorch's fused scaled-dot-product
+attention (SDPA), and continuing a sequence held in a `KVCache`.
 
 Which path runs is the `attention` setting. "auto" takes SDPA on GPUs, where its flash kernels
 save time and memory, and the textbook computation on CPU, where PyTorch's flash kernel makes a
@@ -18,8 +18,6 @@ batch whose mask or attention scores cannot fit in the machine's memory is refus
 
 from __future__ import annotations
 
-import functools
-import os
 import weakref
 from collections.abc import Callable
 
@@ -27,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ATTENTION_PATHS = ("auto", "sdpa", "explicit")
-"""Values of the `attention` setting: SDPA on GPUs and explicit on CPU (but for one-token steps),
-always SDPA, always explicit."""
-
+from .config import ATTENTION_PATHS
+from .device import check_fits
+from .kv_cache import KVCache
+from .rotary import RotaryEmbedding
 
 _MASKS: weakref.WeakValueDictionary[tuple[int, torch.device], torch.Tensor] = weakref.WeakValueDictionary()
 """The causal masks alive in some model, by size and device."""
@@ -52,102 +50,6 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> torch.Te
         mask = torch.ones(size, size, dtype=torch.bool, device=device).triu_(diagonal=1)
         _MASKS[(size, device)] = mask
     return mask
-
-
-@functools.cache  # asked at every explicit attention call: the answer does not change
-def device_memory(device: torch.device) -> int | None:
-    """Bytes of memory `device` has in all (None where that cannot be known, e.g. "meta")."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    if device.type == "cpu":
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
-            return None
-    return None
-
-
-def check_fits(num_bytes: int, device: torch.device, what: str) -> None:
-    """Refuse an allocation larger than all of `device`'s memory, in one line starting with `what`.
-
-    Such an allocation can never succeed; asking for it anyway fails with a long allocator
-    message, or, where the kernel overcommits memory, gets the process killed part way.
-
-    Raises:
-        ConfigError: `num_bytes` exceeds the device's memory.
-    """
-    total = device_memory(device)
-    if total is not None and num_bytes > total:
-        from .config import ConfigError  # here: config.py imports this module
-
-        raise ConfigError(
-            f"{what} needs {_size(num_bytes)}, more than this machine's {device.type} memory ({_size(total)})"
-        )
-
-
-def _size(num_bytes: int) -> str:
-    return f"{num_bytes / 1e9:,.1f} GB" if num_bytes >= 1e8 else f"{num_bytes / 1e6:,.1f} MB"
-
-
-class KVCache:
-    """Keys and values of the tokens seen so far, for one attention layer.
-
-    Buffers are allocated once at full context length, so generation never reallocates.
-    """
-
-    def __init__(
-        self,
-        batch_size: int,
-        num_heads: int,
-        max_length: int,
-        head_dim: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        shape = (batch_size, num_heads, max_length, head_dim)
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.length = 0
-        """Number of positions filled."""
-
-    @property
-    def max_length(self) -> int:
-        return self.keys.shape[2]
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store (B, nh, t, hs) new keys/values; return all keys/values so far, (B, nh, length, hs)."""
-        start, end = self.length, self.length + keys.shape[2]
-        if end > self.max_length:
-            raise RuntimeError(f"KV cache overflow: {end} positions > capacity {self.max_length}")
-        self.keys[:, :, start:end] = keys
-        self.values[:, :, start:end] = values
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (RoPE, Su et al. 2021): each pair of a head's channels is rotated
-    by an angle proportional to the position, so a query-key dot product depends on how far apart
-    the two tokens are. One instance serves every layer; its tables are not saved."""
-
-    def __init__(self, head_dim: int, context_length: int, base: float = 10000.0) -> None:
-        super().__init__()
-        inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hs/2,)
-        angles = torch.outer(torch.arange(context_length, dtype=torch.float32), inv_freq)  # (T, hs/2)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
-
-    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """`x` (..., T, hs) at positions start, start + 1, ..., rotated."""
-        t = x.shape[-2]
-        cos = self.cos[start : start + t].to(x.dtype)
-        sin = self.sin[start : start + t].to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -205,32 +107,6 @@ class MultiHeadAttention(nn.Module):
         self._buffers["mask"] = causal_mask(mask.shape[0], fn(mask[:0, :0]).device)
         return self
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Queries and keys of `x` as one (2, B, nh, T, hs) tensor, and the values (B, nh, T, hs).
-
-        When gradients are on (training), the three weights are stacked into one (3 * d_out, d_in)
-        matrix: one large matmul forward and one per gradient backward instead of three each, and
-        no sum of three input gradients. The parameters stay the three layers above. Stacking
-        copies the weights, which costs more than it saves when decoding one token at a time, so
-        inference runs the three layers as they are. Queries and keys stay together so QK-norm
-        and the rotation each run once over both: at small shapes the number of elementwise
-        calls, not their arithmetic, is what they cost.
-        """
-        b, t, _ = x.shape
-        layers = (self.W_query, self.W_key, self.W_value)
-        if torch.is_grad_enabled():
-            weight = torch.cat([layer.weight for layer in layers])
-            bias = None if self.W_query.bias is None else torch.cat([layer.bias for layer in layers])
-            projected = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, self.head_dim)
-            qkv = projected.permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-            return qkv[:2], qkv[2]
-        queries, keys, values = (self._split_heads(layer(x)) for layer in layers)
-        return torch.stack((queries, keys)), values
-
-    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-
     def forward(
         self, x: torch.Tensor, *, kv_cache: KVCache | None = None, return_weights: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -262,6 +138,32 @@ class MultiHeadAttention(nn.Module):
         context = context.transpose(1, 2).contiguous().view(b, t, self.d_out)  # (B, T, d_out)
         out = self.out_proj(context)
         return (out, weights) if return_weights else out
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries and keys of `x` as one (2, B, nh, T, hs) tensor, and the values (B, nh, T, hs).
+
+        When gradients are on (training), the three weights are stacked into one (3 * d_out, d_in)
+        matrix: one large matmul forward and one per gradient backward instead of three each, and
+        no sum of three input gradients. The parameters stay the three layers above. Stacking
+        copies the weights, which costs more than it saves when decoding one token at a time, so
+        inference runs the three layers as they are. Queries and keys stay together so QK-norm
+        and the rotation each run once over both: at small shapes the number of elementwise
+        calls, not their arithmetic, is what they cost.
+        """
+        b, t, _ = x.shape
+        layers = (self.W_query, self.W_key, self.W_value)
+        if torch.is_grad_enabled():
+            weight = torch.cat([layer.weight for layer in layers])
+            bias = None if self.W_query.bias is None else torch.cat([layer.bias for layer in layers])
+            projected = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, self.head_dim)
+            qkv = projected.permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
+            return qkv[:2], qkv[2]
+        queries, keys, values = (self._split_heads(layer(x)) for layer in layers)
+        return torch.stack((queries, keys)), values
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
 
     def _use_sdpa(self, x: torch.Tensor) -> bool:
         if self.attention != "auto":

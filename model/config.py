@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .attention import ATTENTION_PATHS
-
+ATTENTION_PATHS = ("auto", "sdpa", "explicit")
+"""Values of the `attention` setting: SDPA on GPUs and explicit on CPU (but for one-token steps),
+always SDPA, always explicit."""
 GELU_APPROXIMATIONS = ("none", "tanh")
 POSITION_EMBEDDINGS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")

@@ -13,8 +13,11 @@ import math
 import torch
 from torch import nn
 
-from .attention import KVCache, MultiHeadAttention, RotaryEmbedding, check_fits
+from .attention import MultiHeadAttention
 from .config import GPTConfig
+from .device import check_fits
+from .kv_cache import KVCache
+from .rotary import RotaryEmbedding
 
 
 def norm(config: GPTConfig) -> nn.Module:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minigpt.cli.train import train_main
-from minigpt.model import attention
+from minigpt.model import device
 
 from .conftest import tiny_args
 
@@ -64,7 +64,7 @@ def test_a_context_longer_than_the_machine_can_hold_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Whatever this machine's memory, make it 1 GB: the 40 GB mask of context 200,000 cannot fit.
-    monkeypatch.setattr(attention, "device_memory", lambda device: 10**9)
+    monkeypatch.setattr(device, "device_memory", lambda _: 10**9)
     text = _write(tmp_path / "long.txt", b"To be, or not to be: that is the question.\n" * 10_000)
     args = [
         "--data.config.val_fraction",
