@@ -21,6 +21,8 @@ that makes a step slower gets proportionally fewer steps, so every variant has t
     python benchmarks/ablation.py --config small.yaml --over recipes/gpt2.yaml --variants baseline,rope
 
 Variants are named in VARIANTS below; `a+b` combines levers. The table gives medians over seeds.
+Levers that lost here and left the model are no variants any more: benchmarks/RESULTS.md names the
+commit that still runs them.
 """
 
 from __future__ import annotations
@@ -67,10 +69,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "rmsnorm": {"model.gpt.norm": "rmsnorm"},
     "relu2": {"model.gpt.activation": "relu2"},
     "zero_init": {"model.gpt.zero_init_proj": True},
-    "softcap": {"model.gpt.logit_softcap": 30.0},
-    "vres": {"model.gpt.value_residual": True},
-    "unet": {"model.gpt.unet_skips": True},
-    "embnorm": {"model.gpt.embed_norm": True},
     "ema": {"trainer.callbacks+": EMA, "trainer.callbacks.decay": 0.995},
     "ema99": {"trainer.callbacks+": EMA, "trainer.callbacks.decay": 0.99},
     "ema998": {"trainer.callbacks+": EMA, "trainer.callbacks.decay": 0.998},

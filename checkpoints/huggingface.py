@@ -249,10 +249,6 @@ def gpt2_cannot_compute(config: GPTConfig) -> list[str]:
         "normalised queries and keys (qk_norm)": config.qk_norm,
         "RMSNorm": config.norm != "layernorm",
         "the squared-ReLU MLP": config.activation != "gelu",
-        "soft-capped logits": config.logit_softcap is not None,
-        "the value residual": config.value_residual,
-        "U-net skips": config.unet_skips,
-        "normalised embeddings (embed_norm)": config.embed_norm,
     }
     return [reason for reason, applies in reasons.items() if applies]
 

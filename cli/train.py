@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import warnings
@@ -61,6 +62,8 @@ class MiniGPTCLI(LightningCLI):
             "processes, so the optimisation is the same on any number of devices. null: as the trainer says.",
         )
         parser.link_arguments("model.gpt.context_length", "data.context_length")
+        # A default of the parser, not a fallback in code, so --print_config shows the run folder.
+        parser.set_defaults({"trainer.default_root_dir": DEFAULT_RUN_DIR})
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         # A fine-tune takes its shape from the weights; --print_config would print the config
@@ -110,8 +113,8 @@ class MiniGPTCLI(LightningCLI):
                 "set gradient clipping with --model.optim.grad_clip, not --trainer.gradient_clip_val"
             )
         trainer.precision = resolve_precision(trainer.get("precision"))
-        trainer.default_root_dir = trainer.get("default_root_dir") or DEFAULT_RUN_DIR
-        place_in_run_folder(trainer, Path(trainer.default_root_dir))
+        # null is Lightning's "the working directory", as the Trainer will read it.
+        place_in_run_folder(trainer, Path(trainer.default_root_dir or os.getcwd()))
         if trainer.get("enable_progress_bar") is False:
             # Lightning's own switch keeps working: it refuses a progress bar among the callbacks.
             trainer.callbacks = [
@@ -244,7 +247,6 @@ def train_main(args: Sequence[str] | None = None) -> int:
     # The config dataclasses document each field in a docstring under it; show those in --help.
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     argv = list(sys.argv[1:] if args is None else args)
-    out_dir = Path(DEFAULT_RUN_DIR)
     try:
         with warnings.catch_warnings():
             # We hand LightningCLI the command line ourselves, after resolving config names.
@@ -259,8 +261,7 @@ def train_main(args: Sequence[str] | None = None) -> int:
                 save_config_callback=SaveAndLogConfig,
                 save_config_kwargs={"overwrite": True},
             )
-        out_dir = Path(cli.trainer.default_root_dir)
-        check_output_dir(out_dir, cli.config.ckpt_path)
+        check_output_dir(Path(cli.trainer.default_root_dir), cli.config.ckpt_path)
         if cli.config.ckpt_path is not None:
             cli.model.init_from = None  # a resumed run takes its weights from the checkpoint
         try:
@@ -275,7 +276,7 @@ def train_main(args: Sequence[str] | None = None) -> int:
         return report(err)
     except DivergenceError as err:
         if cli.trainer.is_global_zero:  # every rank raises it; one reports it
-            last = out_dir / "checkpoints" / "last.ckpt"
+            last = Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
             kept = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was written"
             print(f"error: training diverged: {err}; {kept}", file=sys.stderr)
         return 1

@@ -1,9 +1,10 @@
 """Plain-PyTorch GPT: attention, blocks, the model, sampling and generation. Imports only torch."""
 
-from .attention import KVCache, MultiHeadAttention
+from .attention import MultiHeadAttention
 from .config import ConfigError, GPTConfig
 from .generation import LastTokenHead, generate, generate_tokens, optimize_for_decoding
 from .gpt import GPT, MLP, Block
+from .kv_cache import KVCache
 from .sampling import check_sampling, sample_next, top_k_filter, top_p_filter
 
 __all__ = [

@@ -2,8 +2,8 @@
 
 `MultiHeadAttention` keeps the teaching version's names and semantics (separate query/key/value
 projections, a registered upper-triangular mask, dropout on the attention weights, an output
-projection) and adds two things a real model needs: a path through PyTorch's fused
-scaled-dot-product attention (SDPA), and a key/value cache for generation.
+projection) and adds what a real model needs: a path through PyTorch's fused scaled-dot-product
+attention (SDPA), and continuing a sequence held in a `KVCache`.
 
 Which path runs is the `attention` setting. "auto" takes SDPA on GPUs, where its flash kernels
 save time and memory, and the textbook computation on CPU, where PyTorch's flash kernel makes a
@@ -18,8 +18,6 @@ batch whose mask or attention scores cannot fit in the machine's memory is refus
 
 from __future__ import annotations
 
-import functools
-import os
 import weakref
 from collections.abc import Callable
 
@@ -27,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ATTENTION_PATHS = ("auto", "sdpa", "explicit")
-"""Values of the `attention` setting: SDPA on GPUs and explicit on CPU (but for one-token steps),
-always SDPA, always explicit."""
-
+from .config import ATTENTION_PATHS
+from .device import check_fits
+from .kv_cache import KVCache
+from .rotary import RotaryEmbedding
 
 _MASKS: weakref.WeakValueDictionary[tuple[int, torch.device], torch.Tensor] = weakref.WeakValueDictionary()
 """The causal masks alive in some model, by size and device."""
@@ -54,102 +52,6 @@ def causal_mask(size: int, device: torch.device | str | None = None) -> torch.Te
     return mask
 
 
-@functools.cache  # asked at every explicit attention call: the answer does not change
-def device_memory(device: torch.device) -> int | None:
-    """Bytes of memory `device` has in all (None where that cannot be known, e.g. "meta")."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    if device.type == "cpu":
-        try:
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
-            return None
-    return None
-
-
-def check_fits(num_bytes: int, device: torch.device, what: str) -> None:
-    """Refuse an allocation larger than all of `device`'s memory, in one line starting with `what`.
-
-    Such an allocation can never succeed; asking for it anyway fails with a long allocator
-    message, or, where the kernel overcommits memory, gets the process killed part way.
-
-    Raises:
-        ConfigError: `num_bytes` exceeds the device's memory.
-    """
-    total = device_memory(device)
-    if total is not None and num_bytes > total:
-        from .config import ConfigError  # here: config.py imports this module
-
-        raise ConfigError(
-            f"{what} needs {_size(num_bytes)}, more than this machine's {device.type} memory ({_size(total)})"
-        )
-
-
-def _size(num_bytes: int) -> str:
-    return f"{num_bytes / 1e9:,.1f} GB" if num_bytes >= 1e8 else f"{num_bytes / 1e6:,.1f} MB"
-
-
-class KVCache:
-    """Keys and values of the tokens seen so far, for one attention layer.
-
-    Buffers are allocated once at full context length, so generation never reallocates.
-    """
-
-    def __init__(
-        self,
-        batch_size: int,
-        num_heads: int,
-        max_length: int,
-        head_dim: int,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> None:
-        shape = (batch_size, num_heads, max_length, head_dim)
-        self.keys = torch.zeros(shape, device=device, dtype=dtype)
-        self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.length = 0
-        """Number of positions filled."""
-
-    @property
-    def max_length(self) -> int:
-        return self.keys.shape[2]
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store (B, nh, t, hs) new keys/values; return all keys/values so far, (B, nh, length, hs)."""
-        start, end = self.length, self.length + keys.shape[2]
-        if end > self.max_length:
-            raise RuntimeError(f"KV cache overflow: {end} positions > capacity {self.max_length}")
-        self.keys[:, :, start:end] = keys
-        self.values[:, :, start:end] = values
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (RoPE, Su et al. 2021): each pair of a head's channels is rotated
-    by an angle proportional to the position, so a query-key dot product depends on how far apart
-    the two tokens are. One instance serves every layer; its tables are not saved."""
-
-    def __init__(self, head_dim: int, context_length: int, base: float = 10000.0) -> None:
-        super().__init__()
-        inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hs/2,)
-        angles = torch.outer(torch.arange(context_length, dtype=torch.float32), inv_freq)  # (T, hs/2)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
-
-    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """`x` (..., T, hs) at positions start, start + 1, ..., rotated."""
-        t = x.shape[-2]
-        cos = self.cos[start : start + t].to(x.dtype)
-        sin = self.sin[start : start + t].to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
 class MultiHeadAttention(nn.Module):
     """Causal self-attention with `num_heads` heads of size `d_out // num_heads`.
 
@@ -169,12 +71,9 @@ class MultiHeadAttention(nn.Module):
         *,
         qk_norm: bool = False,
         rotary: RotaryEmbedding | None = None,
-        value_residual: bool = False,
     ) -> None:
         """The first six arguments are the reference text's. `qk_norm` normalises queries and
-        keys per head (RMS, no gain); `rotary` rotates them by position (RoPE); `value_residual`
-        gives the layer two learned weights that mix its values with the `first_values` that
-        `forward` is handed (the first layer's)."""
+        keys per head (RMS, no gain); `rotary` rotates them by position (RoPE)."""
         super().__init__()
         if d_out % num_heads:
             raise ValueError(f"d_out ({d_out}) must be divisible by num_heads ({num_heads})")
@@ -192,8 +91,6 @@ class MultiHeadAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.qk_norm = qk_norm
         self.rotary = rotary
-        if value_residual:  # (own, first); half of each to start, as in the speedrun
-            self.value_lambdas = nn.Parameter(torch.full((2,), 0.5))
         # True above the diagonal = "may not look here". Boolean and non-persistent: it costs no
         # checkpoint space, needs no cast per forward, and a checkpoint still loads when the
         # context length changes. Shared with every other layer of this context length.
@@ -209,6 +106,38 @@ class MultiHeadAttention(nn.Module):
             self._buffers["mask"] = mask
         self._buffers["mask"] = causal_mask(mask.shape[0], fn(mask[:0, :0]).device)
         return self
+
+    def forward(
+        self, x: torch.Tensor, *, kv_cache: KVCache | None = None, return_weights: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend over `x` (B, T, d_in), continuing the sequence held in `kv_cache` if given.
+
+        With `return_weights=True` the explicit reference path runs and also returns the
+        attention weights (B, nh, T, T_total) after dropout; otherwise the `attention` setting
+        picks the path.
+        """
+        b, t, _ = x.shape
+        queries_keys, values = self._project(x)
+        past = kv_cache.length if kv_cache is not None else 0
+        total = past + t
+        if total > self.mask.shape[0]:
+            raise ValueError(f"sequence of {total} tokens exceeds context length {self.mask.shape[0]}")
+        if self.qk_norm:
+            queries_keys = F.rms_norm(queries_keys, (self.head_dim,))
+        if self.rotary is not None:  # before caching: a cached key keeps its position's rotation
+            queries_keys = self.rotary(queries_keys, past)
+        queries, keys = queries_keys.unbind(0)
+        if kv_cache is not None:
+            keys, values = kv_cache.append(keys, values)
+
+        if return_weights or not self._use_sdpa(x):
+            context, weights = self._explicit_attention(queries, keys, values, past)
+        else:
+            context, weights = self._fused_attention(queries, keys, values, past), None
+
+        context = context.transpose(1, 2).contiguous().view(b, t, self.d_out)  # (B, T, d_out)
+        out = self.out_proj(context)
+        return (out, weights) if return_weights else out
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries and keys of `x` as one (2, B, nh, T, hs) tensor, and the values (B, nh, T, hs).
@@ -235,53 +164,6 @@ class MultiHeadAttention(nn.Module):
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        *,
-        kv_cache: KVCache | None = None,
-        return_weights: bool = False,
-        first_values: torch.Tensor | None = None,
-        return_values: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """Attend over `x` (B, T, d_in), continuing the sequence held in `kv_cache` if given.
-
-        With `return_weights=True` the explicit reference path runs and also returns the
-        attention weights (B, nh, T, T_total) after dropout; otherwise the `attention` setting
-        picks the path. A layer built with `value_residual` attends over
-        `value_lambdas[0] * values + value_lambdas[1] * first_values` (first_values: the first
-        layer's values of the same tokens, (B, nh, T, hs)). `return_values=True` appends this
-        layer's own values, before any mixing, to what is returned: the output, then the weights
-        if asked for, then the values.
-        """
-        b, t, _ = x.shape
-        queries_keys, values = self._project(x)
-        own_values = values
-        if first_values is not None:  # mixed before caching: the cache holds what is attended to
-            values = self.value_lambdas[0] * values + self.value_lambdas[1] * first_values
-
-        past = kv_cache.length if kv_cache is not None else 0
-        total = past + t
-        if total > self.mask.shape[0]:
-            raise ValueError(f"sequence of {total} tokens exceeds context length {self.mask.shape[0]}")
-        if self.qk_norm:
-            queries_keys = F.rms_norm(queries_keys, (self.head_dim,))
-        if self.rotary is not None:  # before caching: a cached key keeps its position's rotation
-            queries_keys = self.rotary(queries_keys, past)
-        queries, keys = queries_keys.unbind(0)
-        if kv_cache is not None:
-            keys, values = kv_cache.append(keys, values)
-
-        if return_weights or not self._use_sdpa(x):
-            context, weights = self._explicit_attention(queries, keys, values, past)
-        else:
-            context, weights = self._fused_attention(queries, keys, values, past), None
-
-        context = context.transpose(1, 2).contiguous().view(b, t, self.d_out)  # (B, T, d_out)
-        out = self.out_proj(context)
-        returned = (out, *((weights,) if return_weights else ()), *((own_values,) if return_values else ()))
-        return returned if len(returned) > 1 else out
 
     def _use_sdpa(self, x: torch.Tensor) -> bool:
         if self.attention != "auto":

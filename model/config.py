@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .attention import ATTENTION_PATHS
-
+ATTENTION_PATHS = ("auto", "sdpa", "explicit")
+"""Values of the `attention` setting: SDPA on GPUs and explicit on CPU (but for one-token steps),
+always SDPA, always explicit."""
 GELU_APPROXIMATIONS = ("none", "tanh")
 POSITION_EMBEDDINGS = ("learned", "rope")
 NORMS = ("layernorm", "rmsnorm")
@@ -59,17 +60,6 @@ class GPTConfig:
     zero_init_proj: bool = False
     """Start the blocks' output projections (attention and MLP) at zero, so each block begins as
     the identity, instead of GPT-2's scaled normal init."""
-    value_residual: bool = False
-    """Every block after the first attends over a learned mix of its own values and the first
-    block's values of the same tokens (Zhou et al. 2024, "Value Residual Learning"; the speedrun's
-    value residual). Two scalars per block, starting at half each."""
-    unet_skips: bool = False
-    """The second half of the blocks each take in a learned multiple (starting at 1) of the output
-    of its mirror block in the first half, as a U-net does (the speedrun's skip connections)."""
-    embed_norm: bool = False
-    """Normalise the embeddings (RMS, no gain) before the first block, as the speedrun does."""
-    logit_softcap: float | None = None
-    """Squash the logits into (-cap, cap) with cap * tanh(logits / cap); None: raw logits."""
     attention: str = "auto"
     """How attention is computed: "sdpa" (PyTorch's fused kernels), "explicit" (the textbook
     matmul-mask-softmax-matmul) or "auto" (SDPA on GPUs; explicit on CPU, where it trains faster,
@@ -108,8 +98,6 @@ class GPTConfig:
             raise ConfigError(f"model position_embedding rope needs an even head size, got {self.head_size}")
         if self.rope_base <= 1:
             raise ConfigError(f"model rope_base must be > 1, got {self.rope_base}")
-        if self.logit_softcap is not None and self.logit_softcap <= 0:
-            raise ConfigError(f"model logit_softcap must be positive or null, got {self.logit_softcap}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"model dropout must be in [0, 1), got {self.dropout}")
 

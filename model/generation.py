@@ -34,7 +34,6 @@ class LastTokenHead:
     def __init__(self, model: GPT, slabs: int | None = None) -> None:
         weight = model.lm_head.weight
         self._head = model.lm_head
-        self._cap = model.cap_logits
         self._slabs = None
         # What the copy was made from: a training step changes the version, a reload the storage.
         self._source = (weight.data_ptr(), weight._version)
@@ -62,11 +61,11 @@ class LastTokenHead:
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if self._slabs is None:
-            return self._cap(self._head(hidden))
+            return self._head(hidden)
         b, width = hidden.shape
         slabs = self._slabs.shape[0]
         logits = torch.matmul(hidden.unsqueeze(0).expand(slabs, b, width), self._slabs)  # (S, B, V/S)
-        return self._cap(logits.transpose(0, 1).reshape(b, -1)[:, : self._vocab])
+        return logits.transpose(0, 1).reshape(b, -1)[:, : self._vocab]
 
 
 @torch.no_grad()

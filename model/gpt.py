@@ -1,7 +1,9 @@
 """A decoder-only GPT: token + position embeddings, pre-LayerNorm blocks, a tied LM head.
 
 Shapes and structure follow GPT-2 so its weights map onto this model parameter for parameter
-(GPT-2's fused `c_attn` splits into `W_query`, `W_key`, `W_value`).
+(GPT-2's fused `c_attn` splits into `W_query`, `W_key`, `W_value`). The settings the recipes
+choose between (benchmarks/RESULTS.md) are the positions (a learned table or rotary), the norm,
+the MLP's activation, QK-norm, the tied head and the projections' init.
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from .attention import KVCache, MultiHeadAttention, RotaryEmbedding, check_fits
+from .attention import MultiHeadAttention
 from .config import GPTConfig
+from .device import check_fits
+from .kv_cache import KVCache
+from .rotary import RotaryEmbedding
 
 
 def norm(config: GPTConfig) -> nn.Module:
@@ -49,9 +53,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """x + attn(ln(x)), then x + mlp(ln(x)); dropout on each residual branch."""
 
-    def __init__(
-        self, config: GPTConfig, rotary: RotaryEmbedding | None = None, value_residual: bool = False
-    ) -> None:
+    def __init__(self, config: GPTConfig, rotary: RotaryEmbedding | None = None) -> None:
         super().__init__()
         self.ln_1 = norm(config)
         self.attn = MultiHeadAttention(
@@ -65,41 +67,21 @@ class Block(nn.Module):
             attention=config.attention,
             qk_norm=config.qk_norm,
             rotary=rotary,
-            value_residual=value_residual,
         )
         self.ln_2 = norm(config)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        kv_cache: KVCache | None = None,
-        first_values: torch.Tensor | None = None,
-        return_values: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The block's output (B, T, C); with `return_values`, also its attention's own values
-        (the value residual's `first_values` for the blocks after it)."""
-        attended = self.attn(
-            self.ln_1(x), kv_cache=kv_cache, first_values=first_values, return_values=return_values
-        )
-        if return_values:
-            attended, values = attended
-        x = x + self.drop(attended)
-        x = x + self.drop(self.mlp(self.ln_2(x)))
-        return (x, values) if return_values else x
+    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln_1(x), kv_cache=kv_cache))
+        return x + self.drop(self.mlp(self.ln_2(x)))
 
-    def forward_with_weights(
-        self, x: torch.Tensor, first_values: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`forward` through the explicit attention path: the output (B, T, C), the attention
-        weights (B, nh, T, T) and the attention's own values. A separate method, so the training
-        path stays free of branches."""
-        attended, weights, values = self.attn(
-            self.ln_1(x), return_weights=True, first_values=first_values, return_values=True
-        )
+    def forward_with_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` through the explicit attention path: the output (B, T, C) and the attention
+        weights (B, nh, T, T). A separate method, so the training path stays free of branches."""
+        attended, weights = self.attn(self.ln_1(x), return_weights=True)
         x = x + self.drop(attended)
-        return x + self.drop(self.mlp(self.ln_2(x))), weights, values
+        return x + self.drop(self.mlp(self.ln_2(x))), weights
 
 
 def parameter_count(config: GPTConfig) -> int:
@@ -112,9 +94,7 @@ def parameter_count(config: GPTConfig) -> int:
     positions = config.context_length if config.position_embedding == "learned" else 0
     embeddings = (config.vocab_size + positions) * c
     head = 0 if config.tie_weights else config.vocab_size * c
-    value_lambdas = 2 * (config.n_layer - 1) if config.value_residual else 0
-    skips = config.n_layer // 2 if config.unet_skips else 0
-    return embeddings + config.n_layer * block + layer_norm + head + value_lambdas + skips
+    return embeddings + config.n_layer * block + layer_norm + head
 
 
 class GPT(nn.Module):
@@ -143,15 +123,10 @@ class GPT(nn.Module):
             rotary = RotaryEmbedding(config.head_size, config.context_length, config.rope_base)
         layers |= dict(
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList(
-                Block(config, rotary, value_residual=config.value_residual and i > 0)
-                for i in range(config.n_layer)
-            ),
+            h=nn.ModuleList(Block(config, rotary) for _ in range(config.n_layer)),
             ln_f=norm(config),
         )
         self.transformer = nn.ModuleDict(layers)
-        if config.unet_skips:  # one weight per pair of mirror blocks
-            self.skip_weights = nn.Parameter(torch.ones(config.n_layer // 2))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
@@ -183,6 +158,9 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
+    def forward(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
+        return self.lm_head(self.features(idx, kv_caches))  # (B, T, V)
+
     def features(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
         """Final hidden states (B, T, n_embd), before the LM head.
 
@@ -190,37 +168,10 @@ class GPT(nn.Module):
         start after the cached ones.
         """
         x = self._embed(idx, kv_caches[0].length if kv_caches else 0)  # (B, T, C)
-        x, _ = self._blocks(x, kv_caches)
+        caches = kv_caches or [None] * len(self.transformer.h)
+        for block, cache in zip(self.transformer.h, caches, strict=True):
+            x = block(x, cache)
         return self.transformer.ln_f(x)
-
-    def _blocks(
-        self, x: torch.Tensor, kv_caches: list[KVCache] | None = None, with_weights: bool = False
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The blocks over embeddings `x` (B, T, C): their output, and each block's attention
-        weights when `with_weights` (the explicit path; otherwise the list is empty).
-
-        The value residual hands the first block's values to every later block; the U-net skips
-        keep the first half's outputs and add them, last in first out, to the second half's inputs.
-        """
-        c = self.config
-        first_values, skips, weights = None, [], []
-        half = c.n_layer // 2
-        for i, block in enumerate(self.transformer.h):
-            if c.unet_skips and i >= c.n_layer - half:
-                x = x + self.skip_weights[i - (c.n_layer - half)] * skips.pop()
-            keep_values = c.value_residual and i == 0
-            if with_weights:
-                x, layer_weights, values = block.forward_with_weights(x, first_values)
-                weights.append(layer_weights)
-            elif keep_values:
-                x, values = block(x, kv_caches[i] if kv_caches else None, return_values=True)
-            else:
-                x = block(x, kv_caches[i] if kv_caches else None, first_values)
-            if keep_values:
-                first_values = values
-            if c.unet_skips and i < half:
-                skips.append(x)
-        return x, weights
 
     def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
         """Token + position embeddings (B, T, C) of ids (B, T) at positions start, start + 1, ..."""
@@ -232,21 +183,7 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)
         if "wpe" in self.transformer:  # with rotary embeddings, attention applies the positions
             x = x + self.transformer.wpe(torch.arange(start, start + t, device=idx.device))
-        if self.config.embed_norm:
-            x = F.rms_norm(x, (x.shape[-1],))
         return self.transformer.drop(x)
-
-    def forward(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
-        return self.head(self.features(idx, kv_caches))  # (B, T, V)
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits (..., V) of hidden states (..., n_embd): the LM head, then the soft cap if set."""
-        return self.cap_logits(self.lm_head(hidden))
-
-    def cap_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """`logit_softcap * tanh(logits / logit_softcap)`; the logits as they are without a cap."""
-        cap = self.config.logit_softcap
-        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     @torch.no_grad()
     def attention_weights(self, idx: torch.Tensor) -> list[torch.Tensor]:
@@ -261,7 +198,10 @@ class GPT(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            _, weights = self._blocks(self._embed(idx, 0), with_weights=True)
+            x, weights = self._embed(idx, 0), []
+            for block in self.transformer.h:
+                x, layer_weights = block.forward_with_weights(x)
+                weights.append(layer_weights)
             return weights
         finally:
             self.train(was_training)

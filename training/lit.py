@@ -70,10 +70,6 @@ class LitGPT(L.LightningModule):
             }
         )
         self.init_from = init_from
-        if fused_loss and gpt.logit_softcap is not None:
-            raise ConfigError(
-                "model fused_loss computes raw logits; it cannot be combined with logit_softcap"
-            )
         self.fused_loss = fused_loss
         self._compile = compile
         self._features: Any = None
@@ -128,7 +124,7 @@ class LitGPT(L.LightningModule):
         hidden = self._features(x)
         if self.fused_loss:
             return fused_linear_cross_entropy(hidden, self.model.lm_head.weight, y)
-        return next_token_loss(self.model.head(hidden), y)
+        return next_token_loss(self.model.lm_head(hidden), y)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Lightning logs each step under its own count of optimizer steps, which equals

@@ -238,9 +238,6 @@ def test_a_hub_name_without_a_network_is_one_line_saying_to_pass_a_folder(
         (dict(position_embedding="rope"), "rotary position embeddings"),
         (dict(qk_norm=True, norm="rmsnorm"), "normalised queries and keys (qk_norm), RMSNorm"),
         (dict(activation="relu2"), "the squared-ReLU MLP"),
-        (dict(logit_softcap=15.0), "soft-capped logits"),
-        (dict(value_residual=True, unet_skips=True), "the value residual, U-net skips"),
-        (dict(embed_norm=True), "normalised embeddings (embed_norm)"),
     ],
 )
 def test_what_gpt2_cannot_compute_is_refused_at_export(changes: dict, named: str, tmp_path: Path) -> None:

@@ -47,6 +47,34 @@ def test_a_description_without_a_gelu_setting_loads_with_gpt2s_gelu(model: GPT, 
     assert fresh.config.gelu_approximate == model.config.gelu_approximate == "none"
 
 
+REMOVED_OFF = {"logit_softcap": None, "value_residual": False, "unet_skips": False, "embed_norm": False}
+"""Settings of levers the ablation rejected, which descriptions written before their removal hold, off."""
+
+
+def test_a_description_holding_the_removed_levers_off_loads_as_the_same_model(
+    model: GPT, tmp_path: Path
+) -> None:
+    old = asdict(model.config) | REMOVED_OFF
+    loaded, _ = load_model(write_checkpoint(tmp_path / "old.ckpt", model, gpt=old))
+    assert loaded.config == model.config
+    ids = torch.tensor([[1, 2, 3, 4]])
+    assert torch.equal(loaded(ids), model(ids))
+
+
+@pytest.mark.parametrize(("name", "value"), [("logit_softcap", 30.0), ("value_residual", True)])
+def test_a_model_trained_with_a_removed_lever_names_the_commit_that_reads_it(
+    model: GPT, tmp_path: Path, name: str, value: object
+) -> None:
+    trained = asdict(model.config) | REMOVED_OFF | {name: value}
+    path = write_checkpoint(tmp_path / "lever.ckpt", model, gpt=trained)
+    with pytest.raises(CheckpointError) as caught:
+        load_model(path)
+    assert str(caught.value) == (
+        f"checkpoint {path} was trained with model.gpt.{name}, which minigpt no longer has (its ablation in "
+        "benchmarks/RESULTS.md rejected it); commit 6352ba0fea246c09b6ce67c64ad8cdec996f7db4 still reads it"
+    )
+
+
 def test_safetensors_export_round_trips_with_tied_weights(model: GPT, tmp_path: Path) -> None:
     path = save_safetensors(model, CharTokenizer(CHARS), tmp_path / "m.safetensors")
     loaded, _ = load_model(path)

@@ -108,6 +108,21 @@ def test_print_config_shows_every_section(capsys: pytest.CaptureFixture[str]) ->
     assert {"lr", "warmup_steps", "weight_decay"} <= set(printed["model"]["optim"])
 
 
+def test_a_config_without_a_run_folder_prints_and_uses_the_default_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
+    del raw["trainer"]["default_root_dir"]
+    config = tmp_path / "no-folder.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SystemExit):
+        train_main(["--config", str(config), "--print_config"])
+    assert yaml.safe_load(capsys.readouterr().out)["trainer"]["default_root_dir"] == "runs/default"
+    cli = parse("--config", str(config), "--trainer.accelerator", "cpu")
+    assert cli.trainer.default_root_dir == "runs/default"
+    assert cli.config.trainer.callbacks[0].init_args.dirpath == "runs/default/checkpoints"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -159,7 +174,6 @@ LEVERS = (
     "activation",
     "zero_init_proj",
     "tie_weights",
-    "logit_softcap",
 )
 
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from minigpt.cli.generate import generate_main
-from minigpt.model import GPT, ConfigError, GPTConfig, MultiHeadAttention
-from minigpt.model import attention as attention_module
+from minigpt.model import GPT, ConfigError, GPTConfig, MultiHeadAttention, device
 
 from ..checkpoints.test_load import write_checkpoint
 
@@ -21,7 +20,7 @@ def memory_of(monkeypatch: pytest.MonkeyPatch):
     """Make the machine's memory look like `num_bytes`, whatever it is."""
 
     def set_memory(num_bytes: int) -> None:
-        monkeypatch.setattr(attention_module, "device_memory", lambda device: num_bytes)
+        monkeypatch.setattr(device, "device_memory", lambda _: num_bytes)
 
     return set_memory
 

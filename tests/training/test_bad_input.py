@@ -7,9 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from minigpt.cli.train import train_main
-from minigpt.model import attention
+from minigpt.model import device
 
 from .conftest import tiny_args
 
@@ -63,7 +64,7 @@ def test_a_context_longer_than_the_machine_can_hold_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Whatever this machine's memory, make it 1 GB: the 40 GB mask of context 200,000 cannot fit.
-    monkeypatch.setattr(attention, "device_memory", lambda device: 10**9)
+    monkeypatch.setattr(device, "device_memory", lambda _: 10**9)
     text = _write(tmp_path / "long.txt", b"To be, or not to be: that is the question.\n" * 10_000)
     args = [
         "--data.config.val_fraction",
@@ -124,4 +125,24 @@ def test_resuming_with_another_shape_or_tokenizer_is_refused(
     args = tiny_args(corpus, run, "--ckpt_path", "last", "--trainer.max_steps", "40", *override)
     assert train_main(args) == 2
     assert message in one_error_line(capsys)
+    assert snapshot(run / "checkpoints") == before
+
+
+@pytest.mark.slow
+def test_resuming_a_run_trained_with_a_removed_lever_names_the_commit_that_reads_it(
+    finished_run: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    last = run / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    checkpoint["minigpt"]["gpt"]["unet_skips"] = True  # as the model of commit 6352ba0 could be trained
+    torch.save(checkpoint, last)
+    before = snapshot(run / "checkpoints")
+    assert train_main(tiny_args(corpus, run, "--ckpt_path", "last", "--trainer.max_steps", "40")) == 2
+    assert one_error_line(capsys) == (
+        "error: checkpoint was trained with model.gpt.unet_skips, which minigpt no longer has (its ablation "
+        "in benchmarks/RESULTS.md rejected it); commit 6352ba0fea246c09b6ce67c64ad8cdec996f7db4 "
+        "still reads it"
+    )
     assert snapshot(run / "checkpoints") == before

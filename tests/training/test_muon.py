@@ -40,14 +40,6 @@ def test_muon_takes_the_block_matrices_and_adamw_everything_else() -> None:
     assert [g["lr"] for g in optimizer.param_groups] == [0.05, 1e-3, 1e-3]
 
 
-def test_the_value_and_skip_weights_are_adamw_scalars_without_decay() -> None:
-    model = GPT(dataclasses.replace(CONFIG, value_residual=True, unet_skips=True))
-    optimizer = build_optimizer(model, OptimConfig(optimizer="muon", weight_decay=0.1))
-    scalars = {id(model.skip_weights), id(model.transformer.h[1].attn.value_lambdas)}
-    undecayed = [g for g in optimizer.adamw.param_groups if g["weight_decay"] == 0.0]
-    assert len(undecayed) == 1 and scalars <= {id(p) for p in undecayed[0]["params"]}
-
-
 def test_muon_steps_move_every_parameter_and_its_state_round_trips() -> None:
     torch.manual_seed(0)
     model = GPT(CONFIG)

@@ -1,0 +1,27 @@
+"""Rotary position embedding (RoPE, Su et al. 2021), the recipes' alternative to a learned table."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotates each pair of a head's channels by an angle proportional to the position, so a
+    query-key dot product depends on how far apart the two tokens are. One instance serves every
+    layer; its tables are not saved."""
+
+    def __init__(self, head_dim: int, context_length: int, base: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = base ** -(torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (hs/2,)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float32), inv_freq)  # (T, hs/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """`x` (..., T, hs) at positions start, start + 1, ..., rotated."""
+        t = x.shape[-2]
+        cos = self.cos[start : start + t].to(x.dtype)
+        sin = self.sin[start : start + t].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
