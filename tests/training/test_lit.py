@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -141,7 +143,15 @@ def test_fused_and_plain_loss_agree(corpus: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # torch.compile runs a C++ compiler
-def test_compiled_blocks_give_the_eager_loss_and_gradients(corpus: Path, tmp_path: Path) -> None:
+def test_compiled_blocks_give_the_eager_loss_and_gradients(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Inductor's cache does not key its kernels on ATen's CPU capability: kernels built in a normal
+    # process, reused in one held to AVX2 (ATEN_CPU_CAPABILITY=avx2, how the suite is run as a CPU
+    # without native bf16), gave NaN. A cache per capability keeps both runs honest and warm.
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    cache = Path(tempfile.gettempdir()) / f"minigpt-inductor-{getpass.getuser()}-{capability}"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
     data = datamodule(corpus, tmp_path)
     data.prepare_data()
     data.setup("fit")
