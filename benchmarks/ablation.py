@@ -183,7 +183,7 @@ def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int) -
     x, y = ids[:, :-1], ids[:, 1:]
     # The precision train.py trains this config in on this machine: bf16 autocast, or fp32 where
     # the CPU has no native bf16.
-    bf16 = resolve_precision(config["trainer"].get("precision")) == "bf16-mixed"
+    bf16 = resolve_precision(config["trainer"].get("precision"), "cpu") == "bf16-mixed"
 
     def step() -> float:
         start = time.perf_counter()

@@ -91,7 +91,7 @@ def build_case(name: str, work: Path) -> Case:
     }
     batch = int(extra.get("data.config.batch_size", config["data"]["config"]["batch_size"]))
     shape = Shape(name, GPTConfig(**{**gpt, "vocab_size": vocab}), batch)
-    bf16 = resolve_precision(config["trainer"].get("precision")) == "bf16-mixed"
+    bf16 = resolve_precision(config["trainer"].get("precision"), "cpu") == "bf16-mixed"
     case = Case(name, config, extra, shape, torch.bfloat16 if bf16 else torch.float32)
     case.timers = {"recipe": step_timer(config, extra, vocab), "gpt2": step_timer(gpt2, extra, vocab)}
     return case

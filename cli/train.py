@@ -112,7 +112,7 @@ class MiniGPTCLI(LightningCLI):
             raise UsageError(
                 "set gradient clipping with --model.optim.grad_clip, not --trainer.gradient_clip_val"
             )
-        trainer.precision = resolve_precision(trainer.get("precision"))
+        trainer.precision = resolve_precision(trainer.get("precision"), trainer.get("accelerator"))
         # null is Lightning's "the working directory", as the Trainer will read it.
         place_in_run_folder(trainer, Path(trainer.default_root_dir or os.getcwd()))
         if trainer.get("enable_progress_bar") is False:

@@ -36,15 +36,28 @@ def fast_matmul_dtype(device: torch.device | str) -> torch.dtype:
     return torch.bfloat16 if has_native_bf16(device) else torch.float32
 
 
-def resolve_precision(precision: Any) -> Any:
-    """Fall back from bf16 where the hardware lacks it: emulated bf16 is slower than fp32."""
+def training_device(accelerator: Any) -> str:
+    """The kind of device a trainer given `accelerator` computes on: "cpu" or "cuda" (Lightning's
+    `auto` takes a GPU where there is one), or the name of another accelerator."""
+    name = str(accelerator if isinstance(accelerator, str) else type(accelerator).__name__).lower()
+    if name in ("auto", "none"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name in ("gpu", "cuda") or name.startswith("cuda"):
+        return "cuda"
+    return "cpu" if name.startswith("cpu") else name
+
+
+def resolve_precision(precision: Any, accelerator: Any = "auto") -> Any:
+    """Fall back from bf16 where the device the run trains on lacks it: emulated bf16 is slower
+    than fp32. `accelerator` is the trainer's, so a run kept on the CPU of a machine with a GPU is
+    decided by its CPU."""
     if not str(precision).startswith("bf16"):
         return precision
-    if not torch.cuda.is_available():
-        if not has_native_bf16("cpu"):
-            log.warning("this CPU has no native bf16; training in fp32 instead of %s", precision)
-            return "32-true"
-    elif not has_native_bf16("cuda"):
+    device = training_device(accelerator)
+    if device == "cpu" and not has_native_bf16("cpu"):
+        log.warning("this CPU has no native bf16; training in fp32 instead of %s", precision)
+        return "32-true"
+    if device == "cuda" and not has_native_bf16("cuda"):
         log.warning("this GPU has no bf16; training with fp16 mixed precision instead")
         return "16-mixed"
     return precision

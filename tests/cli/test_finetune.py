@@ -89,6 +89,9 @@ def finetune_args(text: Path, weights: Path, run: Path, *extra: str) -> list[str
         "8",
         "--trainer.enable_progress_bar",
         "false",
+        # Bit-exact resume is checked on the CPU: a GPU's embedding backward adds with atomics, in any order.
+        "--trainer.accelerator",
+        "cpu",
         "--model.optim.lr",
         "3e-3",
         "--model.optim.warmup_steps",

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from minigpt.training import precision
+
 from .conftest import REPO, tiny_args
 
 AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
@@ -77,3 +79,22 @@ def test_a_bf16_run_trains_in_fp32_where_bf16_is_emulated_and_in_bf16_where_nati
         assert_trained(plain_run, plain_out, plain.returncode, "bf16-mixed", "bfloat16")
     else:
         assert_trained(plain_run, plain_out, plain.returncode, "32-true", "float32")
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "cpu_bf16", "expected"),
+    [
+        ("cpu", False, "32-true"),  # a run kept on the CPU of a machine with a GPU: the CPU decides
+        ("cpu", True, "bf16-mixed"),
+        ("gpu", False, "bf16-mixed"),  # the GPU computes bf16 natively, whatever the CPU
+        ("auto", False, "bf16-mixed"),  # `auto` takes the GPU
+    ],
+)
+def test_the_precision_is_decided_by_the_device_the_run_trains_on(
+    monkeypatch: pytest.MonkeyPatch, accelerator: str, cpu_bf16: bool, expected: str
+) -> None:
+    """On a machine with a bf16 GPU, whose CPU has no native bf16."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(precision, "_cpu_has_bf16", lambda: cpu_bf16)
+    assert precision.resolve_precision("bf16-mixed", accelerator) == expected
