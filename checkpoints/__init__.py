@@ -12,7 +12,7 @@ same way without them.
 from .description import MODEL_KEY, describe, read_description
 from .errors import CheckpointError
 from .formats import FORMATS, ModelFile, check_readable, open_model_file, resolve_checkpoint
-from .huggingface import save_huggingface
+from .hf_export import save_huggingface
 from .load import load_model, save_safetensors
 
 __all__ = [

@@ -152,6 +152,12 @@ class BaseTokenizer(ABC):
         """
         return encoder, None
 
+    def hf_tokenizer_json(self) -> str | None:
+        """This vocabulary as a Hugging Face ``tokenizer.json`` (the ``tokenizers`` library's file, which
+        ``transformers.AutoTokenizer`` reads), encoding and decoding as this tokenizer does; None
+        (the default) when it cannot express itself as one. Export writes the file when given one."""
+        return None
+
     def _checked_ids(self, ids: Sequence[int]) -> list[int]:
         """``ids`` as Python ints; raises DataError for one outside ``[0, n_vocab)``."""
         ids = [int(i) for i in ids]

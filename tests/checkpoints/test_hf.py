@@ -82,8 +82,8 @@ def load_gpt(path: Path) -> GPT:
     return model.eval()
 
 
-def hf_greedy(model, ids: torch.Tensor, n: int) -> torch.Tensor:
-    return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+def hf_greedy(model, ids: torch.Tensor, n: int, **options) -> torch.Tensor:
+    return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, **options)
 
 
 def assert_same_function(ours: GPT, theirs, vocab: int, length: int) -> None:
