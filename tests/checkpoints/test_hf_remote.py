@@ -177,3 +177,15 @@ def test_minigpt_never_trusts_remote_code_on_the_users_behalf() -> None:
         sources += (REPO / package).rglob("*.py")
     assert len(sources) > 30
     assert [path for path in sources if sets_trust_remote_code(path.read_text())] == []
+
+
+def test_the_model_in_transformers_refuses_padding_and_ids_outside_its_vocabulary(exported: dict) -> None:
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(
+        exported["small.yaml"][1], trust_remote_code=True
+    )
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="pass sequences of one length without padding"):
+        theirs(ids, attention_mask=torch.tensor([[0, 1, 1]]))
+    with pytest.raises(ValueError, match=f"token id {len(CHARS)} is outside this model's vocabulary"):
+        theirs(torch.tensor([[1, len(CHARS)]]))
+    assert theirs(ids, attention_mask=torch.ones_like(ids)).logits.shape == (1, 3, len(CHARS))
