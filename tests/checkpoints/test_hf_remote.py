@@ -92,7 +92,14 @@ def test_transformers_computes_our_logits_and_greedy_tokens_with_and_without_its
     ids = torch.randint(0, len(CHARS), (2, SHAPE.context_length))
     prompt, n = ids[:, :3], SHAPE.context_length - 3
     with torch.no_grad():
-        assert_close(theirs(ids).logits, ours(ids), rtol=1e-5, atol=1e-5)
+        expected_logits = ours(ids)
+        assert_close(theirs(ids, use_cache=False).logits, expected_logits, rtol=1e-5, atol=1e-5)
+        # The prompt, then one token at a time through transformers' cache: the same logits.
+        cache = transformers.DynamicCache()
+        steps = [theirs(prompt, cache=cache).logits]
+        steps += [theirs(ids[:, i : i + 1], cache=cache).logits for i in range(3, SHAPE.context_length)]
+        assert cache.get_seq_length() == SHAPE.context_length
+        assert_close(torch.cat(steps, dim=1), expected_logits, rtol=1e-5, atol=1e-5)
         expected = generate(ours, prompt, n, temperature=0.0)
         for use_cache in (True, False):
             assert torch.equal(hf_greedy(theirs, prompt, n, use_cache=use_cache), expected), use_cache
