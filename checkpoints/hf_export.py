@@ -29,11 +29,10 @@ from .convert import to_hf_gpt2
 from .errors import CheckpointError
 from .hf_remote import remote_code_config, to_remote_state, write_remote_code
 from .hf_tokenizer import write_gpt2_vocabulary
-from .huggingface import CONFIG_FILE, SAFETENSORS_FILE, TOKENIZER_SPEC_FILE
+from .huggingface import CONFIG_FILE, SAFETENSORS_FILE, TOKENIZER_JSON, TOKENIZER_SPEC_FILE
 
 EXPORTED_ACTIVATION = {"tanh": "gelu_new", "none": "gelu"}
 """transformers' `activation_function` names of the two GELUs our MLP computes."""
-TOKENIZER_JSON = "tokenizer.json"
 
 
 def gpt2_cannot_compute(config: GPTConfig) -> list[str]:

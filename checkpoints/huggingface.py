@@ -21,6 +21,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from minigpt.common import atomic_write, one_line
+from minigpt.data import spec_from_hf_tokenizer_json
 from minigpt.data.cache import cache_dir
 from minigpt.data.gpt2_encoding import CACHE_FILE_NAME, N_VOCAB
 from minigpt.data.tokenizer.gpt2 import GPT2_SPEC
@@ -37,6 +38,7 @@ CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_FILE = "pytorch_model.bin"
+TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_SPEC_FILE = "minigpt_tokenizer.json"
 """Written beside the model when its tokenizer is not GPT-2's (compact, char), so minigpt's tools
 rebuild exactly the tokenizer it was trained with."""
@@ -120,7 +122,9 @@ def tokenizer_spec_of(folder: Path, vocab_size: int) -> dict[str, Any]:
 
     Ours (`minigpt_tokenizer.json`) when the folder has one; GPT-2's when it has GPT-2's
     `vocab.json`, which is then also stored as our cached GPT-2 ranks, so the tokenizer (and a
-    fine-tune's data preparation) needs no network; GPT-2's, fetched as usual, for weights alone.
+    fine-tune's data preparation) needs no network; the one a `tokenizer.json` of ours describes
+    (a folder transformers saved again keeps that file and drops ours); GPT-2's, fetched as
+    usual, for weights alone.
     """
     own = folder / TOKENIZER_SPEC_FILE
     if own.is_file():
@@ -141,6 +145,18 @@ def tokenizer_spec_of(folder: Path, vocab_size: int) -> dict[str, Any]:
             except OSError:
                 pass  # the tokenizer is then loaded the usual way
         return dict(GPT2_SPEC)
+    if (folder / TOKENIZER_JSON).is_file():
+        try:
+            hf_json = json.loads((folder / TOKENIZER_JSON).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"cannot read {folder / TOKENIZER_JSON}: {err}") from None
+        spec = spec_from_hf_tokenizer_json(hf_json, vocab_size) if isinstance(hf_json, dict) else None
+        if spec is None:
+            raise CheckpointError(
+                f"{folder / TOKENIZER_JSON} is not a tokenizer minigpt writes (char, gpt2-compact, ...), "
+                f"and the folder has no {TOKENIZER_SPEC_FILE}"
+            )
+        return spec
     if vocab_size >= N_VOCAB:
         return dict(GPT2_SPEC)
     raise CheckpointError(

@@ -14,7 +14,7 @@ from ..errors import DataError
 from ..gpt2_encoding import ENDOFTEXT, ENDOFTEXT_ID, N_VOCAB
 from .base import BaseTokenizer, IdMap, Tokenizer, register_tokenizer, require_texts
 from .gpt2 import GPT2_SPEC, GPT2Tokenizer
-from .hf_json import byte_level_bpe_json
+from .hf_json import byte_level_bpe_json, byte_level_vocabulary
 
 
 @register_tokenizer
@@ -168,6 +168,25 @@ class CompactGPT2Tokenizer(BaseTokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         compact = np.array(self._checked_ids(ids), dtype=np.int64)
         return self._encoding.decode(self.gpt2_ids[compact].tolist())
+
+    @classmethod
+    def spec_from_hf_tokenizer_json(
+        cls, hf_json: dict[str, Any], n_vocab: int, tokenizer_path: str | None = None
+    ) -> dict[str, Any] | None:
+        """The vocabulary is every GPT-2 token at an id below the model's ``n_vocab``; the file
+        :meth:`hf_tokenizer_json` writes holds all of GPT-2's tokens and ``<|endoftext|>``."""
+        vocabulary = byte_level_vocabulary(hf_json)
+        if vocabulary is None:
+            return None
+        tokens, special = vocabulary
+        if len(tokens) + len(special) != N_VOCAB or special.get(ENDOFTEXT, n_vocab) >= n_vocab:
+            return None
+        gpt2 = GPT2Tokenizer(path=tokenizer_path)
+        ranks = {token: i for i, token in enumerate(gpt2.token_bytes())}
+        if any(token not in ranks for token in tokens.values()):
+            return None
+        ids = sorted([ranks[tokens[i]] for i in tokens if i < n_vocab] + [ENDOFTEXT_ID])
+        return cls(ids, gpt2).spec()
 
     def hf_tokenizer_json(self) -> str:
         """GPT-2's byte-level BPE with this vocabulary's ids, ``<|endoftext|>`` read as plain text.

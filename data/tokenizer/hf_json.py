@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 
 def byte_to_char() -> dict[int, str]:
@@ -75,6 +76,43 @@ def char_tokenizer_json(chars: str) -> str:
 
 _NO_UNKNOWN = "<no unknown token>"
 """Names no token of a character vocabulary, so `tokenizers` refuses unknown characters."""
+
+
+def chars_of_tokenizer_json(hf_json: dict[str, Any]) -> str | None:
+    """The vocabulary (character of id 0, 1, ...) of a file `char_tokenizer_json` wrote, else None."""
+    model = hf_json.get("model") or {}
+    vocab = model.get("vocab")
+    if (
+        model.get("type") != "WordLevel"
+        or model.get("unk_token") != _NO_UNKNOWN
+        or not isinstance(vocab, dict)
+    ):
+        return None
+    by_id = {token_id: char for char, token_id in vocab.items()}
+    if sorted(by_id) != list(range(len(vocab))) or any(len(char) != 1 for char in vocab):
+        return None
+    return "".join(by_id[i] for i in range(len(vocab)))
+
+
+def byte_level_vocabulary(hf_json: dict[str, Any]) -> tuple[dict[int, bytes], dict[str, int]] | None:
+    """The tokens (id -> bytes) and special tokens (text -> id) of a byte-level BPE file such as
+    `byte_level_bpe_json` writes, else None."""
+    model = hf_json.get("model") or {}
+    vocab = model.get("vocab")
+    if model.get("type") != "BPE" or (hf_json.get("pre_tokenizer") or {}).get("type") != "ByteLevel":
+        return None
+    special = {
+        token["content"]: token["id"] for token in hf_json.get("added_tokens") or [] if token.get("special")
+    }
+    char_to_byte = {char: byte for byte, char in byte_to_char().items()}
+    tokens = {}
+    for text, token_id in (vocab or {}).items():
+        if text in special:
+            continue
+        if not isinstance(token_id, int) or any(char not in char_to_byte for char in text):
+            return None
+        tokens[token_id] = bytes(char_to_byte[char] for char in text)
+    return tokens, special
 
 
 def byte_level_bpe_json(tokens: Sequence[bytes], ids: Sequence[int], special: dict[str, int]) -> str:

@@ -19,7 +19,7 @@ import torch
 import yaml
 from torch.testing import assert_close
 
-from minigpt.checkpoints import load_model, save_huggingface
+from minigpt.checkpoints import CheckpointError, load_model, save_huggingface
 from minigpt.checkpoints.hf_remote import model_sources
 from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig
@@ -196,3 +196,24 @@ def test_the_model_in_transformers_refuses_padding_and_ids_outside_its_vocabular
     with pytest.raises(ValueError, match=f"token id {len(CHARS)} is outside this model's vocabulary"):
         theirs(torch.tensor([[1, len(CHARS)]]))
     assert theirs(ids, attention_mask=torch.ones_like(ids)).logits.shape == (1, 3, len(CHARS))
+
+
+def test_a_folder_transformers_saved_again_reads_back_from_its_tokenizer_json(
+    exported: dict, tmp_path: Path
+) -> None:
+    """`save_pretrained` keeps the model, the code and tokenizer.json, and drops our own spec."""
+    ours, folder = exported["char.yaml"]
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    theirs.save_pretrained(tmp_path / "again")
+    transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True).save_pretrained(
+        tmp_path / "again"
+    )
+    assert not (tmp_path / "again" / "minigpt_tokenizer.json").exists()
+    again, tokenizer = load_model(tmp_path / "again")
+    assert again.config == ours.config and tokenizer.spec() == CharTokenizer(CHARS).spec()
+    for key, value in ours.state_dict().items():
+        assert torch.equal(again.state_dict()[key], value), key
+    # A tokenizer.json minigpt did not write is refused in one line.
+    (tmp_path / "again" / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram"}}))
+    with pytest.raises(CheckpointError, match="tokenizer.json is not a tokenizer minigpt writes"):
+        load_model(tmp_path / "again")

@@ -3,12 +3,19 @@ as ours do, on text with non-ASCII characters, line breaks and the end-of-text t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from minigpt.checkpoints.hf_export import write_tokenizer
-from minigpt.data import CharTokenizer, CompactGPT2Tokenizer, DataError, GPT2Tokenizer
+from minigpt.data import (
+    CharTokenizer,
+    CompactGPT2Tokenizer,
+    DataError,
+    GPT2Tokenizer,
+    spec_from_hf_tokenizer_json,
+)
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -33,6 +40,8 @@ def test_a_char_vocabulary_encodes_decodes_and_refuses_as_ours(tmp_path: Path) -
         ours.encode("KINGZ")
     with pytest.raises(Exception, match="Missing"):  # no unknown token: refused, not replaced
         theirs("KINGZ")
+    hf_json = json.loads((tmp_path / "tokenizer.json").read_text())
+    assert spec_from_hf_tokenizer_json(hf_json, ours.n_vocab) == ours.spec()
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +50,12 @@ def compact(gpt2_encoding, tmp_path_factory: pytest.TempPathFactory):
     ours = CompactGPT2Tokenizer.from_texts(
         [TEXT * 3, "one<|endoftext|>the end of the play"], GPT2Tokenizer(gpt2_encoding)
     )
-    return ours, auto_tokenizer(ours, tmp_path_factory.mktemp("compact"))
+    folder = tmp_path_factory.mktemp("compact")
+    return ours, auto_tokenizer(ours, folder), json.loads((folder / "tokenizer.json").read_text())
 
 
 def test_gpt2_compact_encodes_its_vocabulary_and_end_of_text_as_ours(compact) -> None:
-    compact, theirs = compact
+    compact, theirs, hf_json = compact
     # "<|endoftext|>" in text is text to both; the end-of-text id decodes to it.
     text = TEXT + "one<|endoftext|>the end" + TEXT
     ids = theirs(text)["input_ids"]
@@ -53,12 +63,14 @@ def test_gpt2_compact_encodes_its_vocabulary_and_end_of_text_as_ours(compact) ->
     assert theirs.eos_token_id == compact.eot_id
     every_id = list(range(compact.n_vocab))
     assert theirs.decode(every_id) == compact.decode(every_id)
+    # And back: the file gives our tokenizer's spec, for a model of the vocabulary's size.
+    assert spec_from_hf_tokenizer_json(hf_json, compact.n_vocab) == compact.spec()
 
 
 def test_gpt2_compact_gives_a_token_outside_its_vocabulary_an_id_the_model_lacks(compact) -> None:
     """Ours spells a GPT-2 token the corpus never had in bytes; a `tokenizers` BPE cannot, and
     gives GPT-2's token an id from n_vocab on: never a different split into ids the model has."""
-    compact, theirs = compact
+    compact, theirs, _ = compact
     text = "the end Transformers"
     ours, hf = compact.encode(text), theirs(text)["input_ids"]
     assert len(ours) > len(hf)
