@@ -55,6 +55,7 @@ HUB_FILES = [
     "merges.txt",
     SAFETENSORS_FILE,
     TOKENIZER_SPEC_FILE,
+    TOKENIZER_JSON,
 ]
 
 
