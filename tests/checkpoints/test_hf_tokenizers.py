@@ -76,9 +76,3 @@ def test_gpt2_compact_gives_a_token_outside_its_vocabulary_an_id_the_model_lacks
     assert len(ours) > len(hf)
     outside = [i for i in hf if i >= compact.n_vocab]
     assert outside and [i for i in hf if i < compact.n_vocab] == ours[: len(hf) - len(outside)]
-
-
-def test_gpt2s_own_tokenizer_reads_end_of_text_in_text_as_text(gpt2: GPT2Tokenizer, tmp_path: Path) -> None:
-    theirs = auto_tokenizer(gpt2, tmp_path)
-    text = "one<|endoftext|>two\n" + TEXT
-    assert theirs(text)["input_ids"] == gpt2.encode(text)
