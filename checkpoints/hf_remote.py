@@ -1,6 +1,6 @@
 """Any minigpt model as a transformers folder with custom code, and such a folder read back.
 
-transformers computes GPT-2 itself (`huggingface.py` writes that layout when it suffices); the
+transformers computes GPT-2 itself (`hf_export.py` writes that layout when it suffices); the
 modern recipe's levers (rotary positions, QK-norm, RMSNorm, squared ReLU) it does not. For those
 the folder carries the code: minigpt's own model modules, copied at export from the installed
 `minigpt.model` package (`model_sources`), and two small adapters kept in `remote_code/`: a
@@ -27,7 +27,7 @@ import minigpt.model
 from minigpt.model import ConfigError, GPTConfig
 
 from .convert import from_lightning
-from .description import with_legacy_settings
+from .description import REMOVED_SETTINGS, with_legacy_settings
 from .errors import CheckpointError
 
 MODEL_TYPE = "minigpt"
@@ -45,10 +45,10 @@ AUTO_MAP = {
     "AutoModelForCausalLM": "modeling_minigpt.MiniGPTForCausalLM",
 }
 
-_RELATIVE_IMPORT = re.compile(r"^(\s*from\s+)\.(\w+)(\s+import\b)", re.M)
-
-
 MODEL_PACKAGE = Path(minigpt.model.__file__).parent
+"""Where the copied modules come from: the installed `minigpt.model`."""
+
+_RELATIVE_IMPORT = re.compile(r"^(\s*from\s+)\.(\w+)(\s+import\b)", re.M)
 
 
 def model_sources(package: Path = MODEL_PACKAGE) -> dict[str, str]:
@@ -135,9 +135,11 @@ def gpt_config_from_remote(hf: dict[str, Any], origin: Path) -> GPTConfig:
     (those it predates take their old values, as in our checkpoints); our code, never the folder's.
 
     Raises:
-        CheckpointError: a setting is missing or invalid, named in one line.
+        CheckpointError: a setting is missing, invalid or one we removed, named in one line.
     """
-    names = {field.name for field in fields(GPTConfig)}
+    if not isinstance(hf.get("vocab_size"), int):
+        raise CheckpointError(f"{origin} has no vocab_size")
+    names = {field.name for field in fields(GPTConfig)} | set(REMOVED_SETTINGS)
     settings = {key: value for key, value in hf.items() if key in names}
     try:
         return GPTConfig(**with_legacy_settings(settings, f"{origin}"))

@@ -217,3 +217,24 @@ def test_a_folder_transformers_saved_again_reads_back_from_its_tokenizer_json(
     (tmp_path / "again" / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram"}}))
     with pytest.raises(CheckpointError, match="tokenizer.json is not a tokenizer minigpt writes"):
         load_model(tmp_path / "again")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"n_head": 5}, "n_embd (16) must be divisible by n_head (5)"),
+        ({"activation": "swiglu"}, "model activation must be one of gelu, relu2, got 'swiglu'"),
+        ({"vocab_size": None}, "config.json has no vocab_size"),
+        ({"logit_softcap": 30.0}, "was trained with model.gpt.logit_softcap, which minigpt no longer has"),
+        ({"n_layer": 3}, "does not match its model description"),
+    ],
+)
+def test_a_config_our_model_cannot_build_is_refused_in_one_line(
+    exported: dict, tmp_path: Path, changes: dict, message: str
+) -> None:
+    folder = Path(shutil.copytree(exported["small.yaml"][1], tmp_path / "copy"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | changes))
+    with pytest.raises(CheckpointError) as caught:
+        load_model(folder)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
