@@ -186,7 +186,9 @@ def test_minigpt_never_trusts_remote_code_on_the_users_behalf() -> None:
     assert [path for path in sources if sets_trust_remote_code(path.read_text())] == []
 
 
-def test_the_model_in_transformers_refuses_padding_and_ids_outside_its_vocabulary(exported: dict) -> None:
+def test_the_model_in_transformers_computes_the_loss_and_refuses_padding_and_unknown_ids(
+    exported: dict,
+) -> None:
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
         exported["small.yaml"][1], trust_remote_code=True
     )
@@ -195,7 +197,10 @@ def test_the_model_in_transformers_refuses_padding_and_ids_outside_its_vocabular
         theirs(ids, attention_mask=torch.tensor([[0, 1, 1]]))
     with pytest.raises(ValueError, match=f"token id {len(CHARS)} is outside this model's vocabulary"):
         theirs(torch.tensor([[1, len(CHARS)]]))
-    assert theirs(ids, attention_mask=torch.ones_like(ids)).logits.shape == (1, 3, len(CHARS))
+    out = theirs(ids, attention_mask=torch.ones_like(ids), labels=ids)
+    assert out.logits.shape == (1, 3, len(CHARS))
+    # The loss is the next-token cross-entropy, as transformers' causal LMs compute it.
+    assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:]))
 
 
 def test_a_folder_transformers_saved_again_reads_back_from_its_tokenizer_json(
