@@ -98,8 +98,9 @@ class SafetensorsWeights:
 
 
 class HuggingFaceGPT2:
-    """A GPT-2 model folder in the Hugging Face layout: `config.json` and the weights (see
-    `huggingface.py`), from transformers' `save_pretrained`, the hub, or `export.py`."""
+    """A model folder in the Hugging Face layout: `config.json` and the weights of GPT-2, or of
+    our model with custom code (see `huggingface.py`), from transformers' `save_pretrained`, the
+    hub, or `export.py`. Read by our code only: the custom code a folder carries never runs."""
 
     name = "huggingface"
 

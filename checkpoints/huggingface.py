@@ -1,54 +1,62 @@
-"""GPT-2 in the Hugging Face layout: read a model folder (or a hub name), write one.
+"""Model folders in the Hugging Face layout, read (from a path or a hub name).
 
-A folder holds `config.json` (GPT-2's settings), the weights (`model.safetensors`, sharded
-safetensors with an index, or `pytorch_model.bin`) and, for GPT-2's tokenizer, `vocab.json` and
-`merges.txt`. Reading maps the config onto `GPTConfig` and refuses what our model cannot compute;
-writing produces a folder `transformers.GPT2LMHeadModel.from_pretrained` loads without custom code.
-Nothing here imports transformers.
+A folder holds `config.json`, the weights (`model.safetensors`, sharded safetensors with an index,
+or `pytorch_model.bin`) and the tokenizer's files. Two kinds are read: GPT-2's (`model_type`
+gpt2), whose config is mapped onto `GPTConfig`, refusing what our model cannot compute, and
+minigpt's own with custom code (`hf_remote.py`), whose config is `GPTConfig`'s. Either is read by
+our code alone: nothing here imports transformers or runs code a folder carries. Writing is
+`hf_export.py`'s.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from minigpt.common import atomic_write, one_line
-from minigpt.data import Tokenizer
+from minigpt.data import spec_from_hf_tokenizer_json
 from minigpt.data.cache import cache_dir
 from minigpt.data.gpt2_encoding import CACHE_FILE_NAME, N_VOCAB
-from minigpt.data.tokenizer.gpt2 import GPT2_SPEC, GPT2Tokenizer
+from minigpt.data.tokenizer.gpt2 import GPT2_SPEC
 from minigpt.model import GPT, ConfigError, GPTConfig
 
 from .convert import from_hf_gpt2, hf_gpt2_parameters, to_hf_gpt2
 from .description import describe
 from .errors import CheckpointError
-from .hf_tokenizer import VOCAB_FILE, gpt2_ranks_from_vocabulary, write_gpt2_vocabulary
+from .hf_remote import MODEL_TYPE, from_remote_state, gpt_config_from_remote
+from .hf_tokenizer import VOCAB_FILE, gpt2_ranks_from_vocabulary
 from .pickled import load_tensors_only
 
 CONFIG_FILE = "config.json"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE_FILE = "pytorch_model.bin"
+TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_SPEC_FILE = "minigpt_tokenizer.json"
-"""Written beside the model when its tokenizer has no Hugging Face equivalent (compact, char),
-so minigpt's tools still read the folder."""
+"""Written beside the model when its tokenizer is not GPT-2's (compact, char), so minigpt's tools
+rebuild exactly the tokenizer it was trained with."""
 
 ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "none"}
 """transformers' `activation_function` names of the two GELUs our MLP computes."""
-EXPORTED_ACTIVATION = {"tanh": "gelu_new", "none": "gelu"}
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 """What a model id on the Hugging Face hub looks like: `gpt2`, `openai-community/gpt2-medium`."""
-HUB_FILES = ["config.json", "generation_config.json", "vocab.json", "merges.txt", "model.safetensors"]
+HUB_FILES = [
+    CONFIG_FILE,
+    "generation_config.json",
+    VOCAB_FILE,
+    "merges.txt",
+    SAFETENSORS_FILE,
+    TOKENIZER_SPEC_FILE,
+    TOKENIZER_JSON,
+]
 
 
 def is_gpt2_folder(path: Path) -> bool:
@@ -115,7 +123,9 @@ def tokenizer_spec_of(folder: Path, vocab_size: int) -> dict[str, Any]:
 
     Ours (`minigpt_tokenizer.json`) when the folder has one; GPT-2's when it has GPT-2's
     `vocab.json`, which is then also stored as our cached GPT-2 ranks, so the tokenizer (and a
-    fine-tune's data preparation) needs no network; GPT-2's, fetched as usual, for weights alone.
+    fine-tune's data preparation) needs no network; the one a `tokenizer.json` of ours describes
+    (a folder transformers saved again keeps that file and drops ours); GPT-2's, fetched as
+    usual, for weights alone.
     """
     own = folder / TOKENIZER_SPEC_FILE
     if own.is_file():
@@ -136,6 +146,18 @@ def tokenizer_spec_of(folder: Path, vocab_size: int) -> dict[str, Any]:
             except OSError:
                 pass  # the tokenizer is then loaded the usual way
         return dict(GPT2_SPEC)
+    if (folder / TOKENIZER_JSON).is_file():
+        try:
+            hf_json = json.loads((folder / TOKENIZER_JSON).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"cannot read {folder / TOKENIZER_JSON}: {err}") from None
+        spec = spec_from_hf_tokenizer_json(hf_json, vocab_size) if isinstance(hf_json, dict) else None
+        if spec is None:
+            raise CheckpointError(
+                f"{folder / TOKENIZER_JSON} is not a tokenizer minigpt writes (char, gpt2-compact, ...), "
+                f"and the folder has no {TOKENIZER_SPEC_FILE}"
+            )
+        return spec
     if vocab_size >= N_VOCAB:
         return dict(GPT2_SPEC)
     raise CheckpointError(
@@ -144,9 +166,18 @@ def tokenizer_spec_of(folder: Path, vocab_size: int) -> dict[str, Any]:
     )
 
 
+def is_remote_code_folder(folder: Path) -> bool:
+    """Whether `config.json` says the folder holds minigpt's model with custom code."""
+    return read_hf_config(folder).get("model_type") == MODEL_TYPE
+
+
 def read_hf_description(folder: Path) -> dict[str, Any]:
-    """The description (`describe`'s) of the model in a GPT-2 folder."""
-    config = gpt_config_from_hf(read_hf_config(folder), folder)
+    """The description (`describe`'s) of the model in a GPT-2 or minigpt folder."""
+    hf = read_hf_config(folder)
+    if hf.get("model_type") == MODEL_TYPE:
+        config = gpt_config_from_remote(hf, folder / CONFIG_FILE)
+    else:
+        config = gpt_config_from_hf(hf, folder)
     return describe(config, tokenizer_spec_of(folder, config.vocab_size))
 
 
@@ -196,9 +227,13 @@ def check_hf_state(hf_state: dict[str, torch.Tensor], config: GPTConfig, origin:
 
 def hf_weights_loader(folder: Path, config: GPTConfig) -> Callable[[torch.nn.Module], None]:
     """Loads a folder's weights into a model built from its description (read when called)."""
+    remote = is_remote_code_folder(folder)
 
     def load(model: torch.nn.Module) -> None:
         hf_state = read_hf_weights(folder)
+        if remote:  # our GPT's own state dict: a missing or extra key is load_state_dict's error
+            model.load_state_dict(from_remote_state(hf_state, config.tie_weights))
+            return
         check_hf_state(hf_state, config, folder)
         model.load_state_dict(from_hf_gpt2(hf_state, config.n_layer, config.tie_weights))
 
@@ -237,117 +272,3 @@ def fetch_from_hub(name: str) -> Path:
             f"the Hugging Face hub failed ({one_line(err, with_type=True)})"
         ) from None
     return folder
-
-
-# -- writing ----------------------------------------------------------------------------------------
-
-
-def gpt2_cannot_compute(config: GPTConfig) -> list[str]:
-    """What of `config` no GPT-2 setting of transformers computes (empty: exportable)."""
-    reasons = {
-        "rotary position embeddings": config.position_embedding != "learned",
-        "normalised queries and keys (qk_norm)": config.qk_norm,
-        "RMSNorm": config.norm != "layernorm",
-        "the squared-ReLU MLP": config.activation != "gelu",
-    }
-    return [reason for reason, applies in reasons.items() if applies]
-
-
-def hf_config(config: GPTConfig, eot_id: int | None) -> dict[str, Any]:
-    """GPT-2's `config.json` for a model of `config`: the function our model computes, in
-    transformers' settings (exact GELU is "gelu", an untied head `tie_word_embeddings: false`)."""
-    return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": config.vocab_size,
-        "n_positions": config.context_length,
-        "n_embd": config.n_embd,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-        "n_inner": None,
-        "activation_function": EXPORTED_ACTIVATION[config.gelu_approximate],
-        "resid_pdrop": config.dropout,
-        "embd_pdrop": config.dropout,
-        "attn_pdrop": config.dropout,
-        "layer_norm_epsilon": config.layer_norm_eps,
-        "initializer_range": 0.02,
-        "scale_attn_weights": True,
-        "scale_attn_by_inverse_layer_idx": False,
-        "reorder_and_upcast_attn": False,
-        "tie_word_embeddings": config.tie_weights,
-        "use_cache": True,
-        "bos_token_id": eot_id,
-        "eos_token_id": eot_id,
-    }
-
-
-def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
-
-
-def write_hf_tokenizer(tokenizer: Tokenizer, folder: Path, context_length: int) -> str:
-    """The tokenizer files transformers reads for GPT-2's tokenizer; for others, our spec beside
-    the model. Returns one line saying which."""
-    if isinstance(tokenizer, GPT2Tokenizer):
-        files = write_gpt2_vocabulary(tokenizer.token_bytes(), folder)
-        special = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>"}
-        _write_json(
-            folder / "tokenizer_config.json",
-            {
-                "tokenizer_class": "GPT2Tokenizer",
-                "model_max_length": context_length,
-                "add_prefix_space": False,
-            }
-            | special,
-        )
-        _write_json(folder / "special_tokens_map.json", special)
-        return f"tokenizer: GPT-2's ({', '.join(files)}), loadable with transformers.AutoTokenizer"
-    _write_json(folder / TOKENIZER_SPEC_FILE, tokenizer.spec())
-    return (
-        f"tokenizer: {tokenizer.name!r} has no Hugging Face equivalent, so transformers gets the model "
-        f"alone (it reads and writes token ids); {TOKENIZER_SPEC_FILE} keeps the vocabulary "
-        "for minigpt's tools"
-    )
-
-
-def save_huggingface(model: GPT, tokenizer: Tokenizer, folder: str | Path, *, replace: bool = False) -> str:
-    """Write `model` as a GPT-2 folder for transformers; all files appear at once (the folder is
-    built beside it and renamed). Returns a line about the tokenizer files."""
-    folder = Path(folder)
-    config = model.config
-    missing = gpt2_cannot_compute(config)
-    if missing:
-        raise CheckpointError(
-            f"cannot export to GPT-2's layout: the model uses {', '.join(missing)}, which transformers' "
-            "GPT2LMHeadModel does not compute; export it as safetensors instead"
-        )
-    staging = folder.with_name(f".{folder.name}.partial")  # a killed export's leftovers go first
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        state = to_hf_gpt2(model.state_dict(), config.n_layer, config.tie_weights)
-        save_file(
-            {k: v.detach().cpu() for k, v in state.items()}, staging / SAFETENSORS_FILE, {"format": "pt"}
-        )
-        _write_json(
-            staging / CONFIG_FILE, hf_config(config, tokenizer.eot_id) | {"dtype": _dtype_name(state)}
-        )
-        eot = tokenizer.eot_id
-        _write_json(staging / "generation_config.json", {"bos_token_id": eot, "eos_token_id": eot})
-        note = write_hf_tokenizer(tokenizer, staging, config.context_length)
-        if folder.exists():
-            if not replace:
-                raise CheckpointError(f"{folder} already exists")
-            old = folder.with_name(f".{folder.name}.old")
-            os.replace(folder, old)
-            os.replace(staging, folder)
-            shutil.rmtree(old)
-        else:
-            os.replace(staging, folder)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return note
-
-
-def _dtype_name(state: dict[str, torch.Tensor]) -> str:
-    return str(next(iter(state.values())).dtype).removeprefix("torch.")

@@ -1,5 +1,5 @@
-"""`export.py`: write a trained model for others: safetensors for minigpt, or a GPT-2 folder for
-Hugging Face transformers."""
+"""`export.py`: write a trained model for others: safetensors for minigpt, or a folder for
+Hugging Face transformers (GPT-2's layout, or our architecture as custom code)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,15 @@ class ExportOptions:
     """What to export, where, and in which layout."""
 
     checkpoint: str
-    """A run folder (its best checkpoint), a .ckpt or .safetensors file, or a GPT-2 folder."""
+    """A run folder (its best checkpoint), a .ckpt or .safetensors file, or a Hugging Face folder."""
     out: str
     """safetensors: the .safetensors file to write; huggingface: the folder to write."""
     format: str = "safetensors"
     """safetensors: one file that minigpt's tools read, the description in its metadata;
-    huggingface: a GPT-2 folder (config.json, model.safetensors, tokenizer files) that
-    transformers.GPT2LMHeadModel.from_pretrained loads with no custom code."""
+    huggingface: a folder transformers.AutoModelForCausalLM.from_pretrained loads (config.json,
+    model.safetensors, tokenizer files): GPT-2's layout, with no custom code, when GPT-2 computes
+    the model; else our architecture as custom code, which transformers runs only when told
+    to (trust_remote_code)."""
     force: bool = False
     """Replace --out if it exists."""
 

@@ -15,6 +15,7 @@ from .tokenizer import (
     Tokenizer,
     build_tokenizer,
     register_tokenizer,
+    spec_from_hf_tokenizer_json,
     tokenizer_from_spec,
 )
 from .windows import TokenWindows, TrainWindowSampler
@@ -38,5 +39,6 @@ __all__ = [
     "open_prepared",
     "prepare",
     "register_tokenizer",
+    "spec_from_hf_tokenizer_json",
     "tokenizer_from_spec",
 ]

@@ -15,6 +15,7 @@ from .base import (
     available_cores,
     build_tokenizer,
     register_tokenizer,
+    spec_from_hf_tokenizer_json,
     tokenizer_class,
     tokenizer_from_spec,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "available_cores",
     "build_tokenizer",
     "register_tokenizer",
+    "spec_from_hf_tokenizer_json",
     "tokenizer_class",
     "tokenizer_from_spec",
 ]

@@ -152,6 +152,22 @@ class BaseTokenizer(ABC):
         """
         return encoder, None
 
+    def hf_tokenizer_json(self) -> str | None:
+        """This vocabulary as a Hugging Face ``tokenizer.json`` (the ``tokenizers`` library's file, which
+        ``transformers.AutoTokenizer`` reads), encoding and decoding as this tokenizer does; None
+        (the default) when it cannot express itself as one. Export writes the file when given one."""
+        return None
+
+    @classmethod
+    def spec_from_hf_tokenizer_json(
+        cls, hf_json: dict[str, Any], n_vocab: int, tokenizer_path: str | None = None
+    ) -> dict[str, Any] | None:
+        """The :meth:`spec` of the tokenizer of this class whose :meth:`hf_tokenizer_json` wrote
+        ``hf_json`` (the parsed file) for a model of ``n_vocab`` ids; None (the default) when the file
+        is not one this class writes. How minigpt reads back a folder that lost its own spec, e.g.
+        one transformers' ``save_pretrained`` wrote."""
+        return None
+
     def _checked_ids(self, ids: Sequence[int]) -> list[int]:
         """``ids`` as Python ints; raises DataError for one outside ``[0, n_vocab)``."""
         ids = [int(i) for i in ids]
@@ -219,6 +235,19 @@ def tokenizer_from_spec(spec: dict[str, Any], tokenizer_path: str | None = None)
     if not isinstance(name, str) or name not in TOKENIZERS:
         raise DataError(f"tokenizer spec names unknown tokenizer {name!r}; valid names: {_valid_names()}")
     return TOKENIZERS[name].from_spec(spec, tokenizer_path)
+
+
+def spec_from_hf_tokenizer_json(
+    hf_json: dict[str, Any], n_vocab: int, tokenizer_path: str | None = None
+) -> dict[str, Any] | None:
+    """The spec of the registered tokenizer that wrote ``hf_json`` (a parsed ``tokenizer.json``) for a
+    model of ``n_vocab`` ids, or None when none of them did (see
+    :meth:`BaseTokenizer.spec_from_hf_tokenizer_json`)."""
+    for cls in TOKENIZERS.values():
+        spec = cls.spec_from_hf_tokenizer_json(hf_json, n_vocab, tokenizer_path)
+        if spec is not None:
+            return spec
+    return None
 
 
 def build_tokenizer(

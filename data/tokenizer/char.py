@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import DataError
 from .base import BaseTokenizer, IdMap, Tokenizer, register_tokenizer, require_texts
+from .hf_json import char_tokenizer_json, chars_of_tokenizer_json
 
 _CODE_POINTS = 0x110000
 
@@ -107,6 +108,19 @@ class CharTokenizer(BaseTokenizer):
 
     def spec(self) -> dict[str, Any]:
         return {"name": self.name, "chars": self.chars}
+
+    @classmethod
+    def spec_from_hf_tokenizer_json(
+        cls, hf_json: dict[str, Any], n_vocab: int, tokenizer_path: str | None = None
+    ) -> dict[str, Any] | None:
+        chars = chars_of_tokenizer_json(hf_json)
+        if chars is None or len(chars) > n_vocab:
+            return None
+        return cls(chars).spec()
+
+    def hf_tokenizer_json(self) -> str:
+        """One token per character, an unknown character an error, as here (no end-of-text token)."""
+        return char_tokenizer_json(self.chars)
 
 
 def _code_points(text: str) -> np.ndarray:

@@ -11,9 +11,10 @@ import numpy as np
 import tiktoken
 
 from ..errors import DataError
-from ..gpt2_encoding import ENDOFTEXT_ID, N_VOCAB
+from ..gpt2_encoding import ENDOFTEXT, ENDOFTEXT_ID, N_VOCAB
 from .base import BaseTokenizer, IdMap, Tokenizer, register_tokenizer, require_texts
 from .gpt2 import GPT2_SPEC, GPT2Tokenizer
+from .hf_json import byte_level_bpe_json, byte_level_vocabulary
 
 
 @register_tokenizer
@@ -167,6 +168,40 @@ class CompactGPT2Tokenizer(BaseTokenizer):
     def decode(self, ids: Sequence[int]) -> str:
         compact = np.array(self._checked_ids(ids), dtype=np.int64)
         return self._encoding.decode(self.gpt2_ids[compact].tolist())
+
+    @classmethod
+    def spec_from_hf_tokenizer_json(
+        cls, hf_json: dict[str, Any], n_vocab: int, tokenizer_path: str | None = None
+    ) -> dict[str, Any] | None:
+        """The vocabulary is every GPT-2 token at an id below the model's ``n_vocab``; the file
+        :meth:`hf_tokenizer_json` writes holds all of GPT-2's tokens and ``<|endoftext|>``."""
+        vocabulary = byte_level_vocabulary(hf_json)
+        if vocabulary is None:
+            return None
+        tokens, special = vocabulary
+        if len(tokens) + len(special) != N_VOCAB or special.get(ENDOFTEXT, n_vocab) >= n_vocab:
+            return None
+        gpt2 = GPT2Tokenizer(path=tokenizer_path)
+        ranks = {token: i for i, token in enumerate(gpt2.token_bytes())}
+        if any(token not in ranks for token in tokens.values()):
+            return None
+        ids = sorted([ranks[tokens[i]] for i in tokens if i < n_vocab] + [ENDOFTEXT_ID])
+        return cls(ids, gpt2).spec()
+
+    def hf_tokenizer_json(self) -> str:
+        """GPT-2's byte-level BPE with this vocabulary's ids, ``<|endoftext|>`` read as plain text.
+
+        The same ids as :meth:`encode` for every text made of vocabulary tokens, and the same text
+        from any ids. A GPT-2 token outside the vocabulary, which :meth:`encode` spells in bytes,
+        a ``tokenizers`` BPE cannot spell (its merges must make tokens it has): there it gives
+        GPT-2's token an id from ``n_vocab`` on, which the model refuses, never other ids of the
+        vocabulary.
+        """
+        tokens = self._gpt2.token_bytes()  # every ordinary GPT-2 token, by GPT-2 id (= rank)
+        ids = self._compact_by_gpt2[: len(tokens)].astype(np.int64)
+        outside = ids == self.n_vocab
+        ids[outside] = self.n_vocab + np.arange(int(outside.sum()))
+        return byte_level_bpe_json(tokens, ids.tolist(), {ENDOFTEXT: self.eot_id})
 
     def spec(self) -> dict[str, Any]:
         packed = self.gpt2_ids.astype("<u2").tobytes()

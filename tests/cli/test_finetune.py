@@ -279,7 +279,7 @@ def test_fine_tuning_lowers_the_loss_resumes_exactly_and_exports_to_transformers
         )
         == 0
     )
-    assert "'char' has no Hugging Face equivalent" in capsys.readouterr().out
+    assert "GPT-2's layout, no custom code" in capsys.readouterr().out
     theirs = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     x = torch.tensor([ids[:64]])
     with torch.no_grad():
@@ -321,7 +321,7 @@ def test_gpt2_vocabulary_from_folder_to_transformers_tokenizer(text: Path, tmp_p
     out = tmp_path / "hf"
     assert export_main(["--checkpoint", str(folder), "--out", str(out), "--format", "huggingface"]) == 0
     theirs = transformers.AutoTokenizer.from_pretrained(out)
-    sentence = text.read_text()[:5000] + " naïve café — 日本 🙂"
+    sentence = text.read_text()[:5000] + " naïve café — 日本 🙂 <|endoftext|> is text to both"
     assert theirs.encode(sentence) == gpt2.encode(sentence)
     assert theirs.eos_token_id == gpt2.eot_id == json.loads((out / "config.json").read_text())["eos_token_id"]
     assert (out / "vocab.json").read_bytes() == (folder / "vocab.json").read_bytes()

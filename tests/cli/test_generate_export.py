@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,30 @@ def test_every_generate_option_is_documented_in_help(capsys: pytest.CaptureFixtu
         ("--num_samples", "Independent samples"),
     ]:
         assert option in text and words in text, option
+
+
+def test_export_writes_the_modern_recipe_for_transformers_and_never_overwrites(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """small.yaml's levers leave GPT-2's layout: the folder carries our code, and minigpt reads it
+    back; an existing folder is one line without --force and left as it was."""
+    torch.manual_seed(0)
+    modern = GPT(replace(CONFIG, position_embedding="rope", qk_norm=True, activation="relu2")).eval()
+    ckpt = write_checkpoint(tmp_path / "m.ckpt", modern)
+    out = tmp_path / "m-hf"
+    assert export_main(["--checkpoint", str(ckpt), "--out", str(out), "--format", "huggingface"]) == 0
+    printed = capsys.readouterr().out
+    assert "minigpt's architecture as custom code (rotary position embeddings" in printed
+    assert "'char' as tokenizer.json" in printed
+    assert json.loads((out / "config.json").read_text())["auto_map"]["AutoModelForCausalLM"]
+    again, tokenizer = load_model(out)
+    assert again.config == modern.config and tokenizer.decode(tokenizer.encode("to be")) == "to be"
+    (out / "notes.txt").write_text("mine")
+    assert export_main(["--checkpoint", str(ckpt), "--out", str(out), "--format", "huggingface"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {out} already exists; pass --force to replace it"]
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (
+        export_main(["--checkpoint", str(ckpt), "--out", str(out), "--format", "huggingface", "--force"]) == 0
+    )
+    assert not (out / "notes.txt").exists()
