@@ -68,19 +68,29 @@ def final_figures(log: RunLog) -> list[tuple[str, str]]:
     """(label, value) rows of what the log says about the end of the run; what it cannot tell is left
     out rather than guessed."""
     rows: list[tuple[str, str]] = []
-    val, ppl = log.metrics.get("val_loss"), log.metrics.get("val_ppl")
+    val, ppl, bpb = log.metrics.get("val_loss"), log.metrics.get("val_ppl"), log.metrics.get("val_bpb")
 
     def perplexity(i: int) -> str:
         at = np.flatnonzero(ppl.steps == val.steps[i]) if ppl is not None else np.array([], int)
         return f"{ppl.values[at[0]]:.2f}" if len(at) else f"{math.exp(min(val.values[i], 700)):.2f}"
+
+    def bits_per_byte(i: int) -> list[tuple[str, str]]:
+        at = np.flatnonzero(bpb.steps == val.steps[i]) if bpb is not None else np.array([], int)
+        return (
+            [(f"{'final' if i == -1 else 'best'} val bits per byte", f"{bpb.values[at[0]]:.4f}")]
+            if len(at)
+            else []
+        )
 
     if val is not None and len(val.values):
         best = int(np.nanargmin(val.values)) if np.isfinite(val.values).any() else len(val.values) - 1
         rows += [
             ("final val loss", f"{val.values[-1]:.4f} at step {val.steps[-1]:,}"),
             ("final val perplexity", perplexity(-1)),
+            *bits_per_byte(-1),
             ("best val loss", f"{val.values[best]:.4f} at step {val.steps[best]:,}"),
             ("best val perplexity", perplexity(best)),
+            *bits_per_byte(best),
         ]
     train = log.metrics.get("train_loss")
     if train is not None:

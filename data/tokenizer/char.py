@@ -108,6 +108,10 @@ class CharTokenizer(BaseTokenizer):
     def spec(self) -> dict[str, Any]:
         return {"name": self.name, "chars": self.chars}
 
+    def byte_lengths(self) -> np.ndarray:
+        """Bytes per id: the UTF-8 length of its character (1 for ASCII, up to 4)."""
+        return np.array([len(c.encode("utf-8", "surrogatepass")) for c in self.chars], dtype=np.int64)
+
 
 def _code_points(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")

@@ -168,6 +168,10 @@ class CompactGPT2Tokenizer(BaseTokenizer):
         compact = np.array(self._checked_ids(ids), dtype=np.int64)
         return self._encoding.decode(self.gpt2_ids[compact].tolist())
 
+    def byte_lengths(self) -> np.ndarray:
+        """Bytes per id: those of the GPT-2 token it renumbers (0 for end-of-text)."""
+        return self._gpt2.byte_lengths()[self.gpt2_ids]
+
     def spec(self) -> dict[str, Any]:
         packed = self.gpt2_ids.astype("<u2").tobytes()
         return {
