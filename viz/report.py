@@ -95,6 +95,14 @@ def final_figures(log: RunLog) -> list[tuple[str, str]]:
     train = log.metrics.get("train_loss")
     if train is not None:
         rows.append(("last train loss", f"{train.values[-1]:.4f} at step {train.steps[-1]:,}"))
+    for name, series in log.metrics.items():  # EvaluateTasks: lm-eval figures, and what they cost
+        if name.startswith("eval/") and name != "eval/seconds" and len(series.values):
+            rows.append((name.removeprefix("eval/"), f"{series.values[-1]:.4f} at step {series.steps[-1]:,}"))
+    cost = log.metrics.get("eval/seconds")
+    if cost is not None and len(cost.values):
+        rows.append(
+            ("task evaluation time", f"{duration(float(np.sum(cost.values)))} in {len(cost.values)} runs")
+        )
     if not log.metrics:
         # log_every_n_steps and val_check_interval both lie beyond the run's last step.
         return [("metrics logged", "none yet: the run ended before its first log row or validation")]
