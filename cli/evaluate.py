@@ -14,6 +14,7 @@ import yaml
 
 from minigpt.checkpoints import load_model, resolve_checkpoint
 from minigpt.common import UsageError
+from minigpt.data.corpus import BUILTIN_SHAKESPEARE
 from minigpt.evaluation.results import table, write_results
 from minigpt.evaluation.tasks import Score
 from minigpt.evaluation.text import read_documents, score_text
@@ -32,8 +33,9 @@ class EvaluateOptions:
     """A run folder (its best checkpoint), a .ckpt or .safetensors file, or a GPT-2 folder."""
     text: str | None = None
     """Score bits per byte and perplexity on this text: anything data.config.source takes (a .txt,
-    .jsonl, .json or .parquet file, a folder of them, a hub dataset, shakespeare). Default for a
-    run folder: its training source, the part its validation split was cut from (--tail)."""
+    .jsonl, .json or .parquet file, a folder of them, a hub dataset, shakespeare). Default, for a
+    run folder trained on local text or shakespeare and given no --tasks: that text, the part its
+    validation split was cut from (--tail)."""
     subset: str | None = None
     """The hub dataset's named configuration, for --text."""
     split: str = "train"
@@ -112,7 +114,8 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
         (opts,) = parse_options(parser, argv, EvaluateOptions)
         text, tail, settings = opts.text, opts.tail, {}
         subset, text_column = opts.subset, opts.text_column
-        if text is None and (data := run_text_source(opts.checkpoint)) is not None:
+        data = run_text_source(opts.checkpoint) if text is None and not opts.tasks else None
+        if data is not None and _is_local(data.get("source")):
             text, subset = data.get("source"), data.get("subset")
             text_column = data.get("text_column", text_column)
             tail = tail if tail is not None else data.get("val_fraction", 0.1)
@@ -182,6 +185,11 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
     print(table(rows))
     print(f"written to {out}", file=sys.stderr)
     return 0
+
+
+def _is_local(source: str | None) -> bool:
+    """Whether a run's source is text on this machine (not a hub dataset, which may be huge)."""
+    return source is not None and (source == BUILTIN_SHAKESPEARE or Path(source).expanduser().exists())
 
 
 def _default_out(checkpoint: Path, model_file: Path) -> Path:

@@ -4,9 +4,12 @@ a JSON file beside the model; each mistake a user can make is one line and exit 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from minigpt.checkpoints import save_safetensors
 from minigpt.cli.evaluate import evaluate_main
@@ -120,3 +123,24 @@ def test_a_mistake_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and expected in err and "\n" not in err, err
     assert not (tmp_path / "out.json").exists()
+
+
+def test_a_run_folder_is_scored_on_the_text_its_validation_split_came_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    text = tmp_path / "plays.txt"
+    text.write_text(TEXT)
+    tokenizer = CharTokenizer.from_texts([TEXT])
+    model = bigram_model(tokenizer.n_vocab)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    meta = {"gpt": asdict(model.config), "tokenizer": tokenizer.spec()}
+    torch.save({"state_dict": state, "minigpt": meta, "global_step": 1}, run / "checkpoints" / "best.ckpt")
+    (run / "csv" / "version_0").mkdir(parents=True)
+    config = {"data": {"config": {"source": str(text), "tokenizer": "char", "val_fraction": 0.25}}}
+    (run / "csv" / "version_0" / "config.yaml").write_text(yaml.safe_dump(config))
+    assert evaluate_main(["--checkpoint", str(run)]) == 0
+    assert f"text: {text}, last 25% of it" in capsys.readouterr().err
+    settings = json.loads((run / "evaluation.json").read_text())["settings"]["text"]
+    assert (settings["tail"], settings["bytes"]) == (0.25, round(len(TEXT) * 0.25))
