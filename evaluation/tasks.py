@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from minigpt.common import UsageError, one_line
@@ -49,6 +50,8 @@ def task_manager(tasks: list[str], include_path: str | None) -> Any:
     require_lm_eval()
     from lm_eval.tasks import TaskManager
 
+    if include_path is not None and not Path(include_path).is_dir():
+        raise UsageError(f"include_path {include_path} is not a folder (of lm-eval task YAML files)")
     if include_path is not None:
         local = TaskManager(include_path=include_path, include_defaults=False)
         if all(local.match_tasks([name]) for name in tasks):

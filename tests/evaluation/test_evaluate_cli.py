@@ -100,6 +100,10 @@ def mistakes(model_file: Path, tasks: Path, tmp_path: Path) -> dict[str, tuple[l
             "unknown task 'no_such_task'",
         ),
         "data missing": ([*model, "--include_path", str(missing), "--tasks", "gone"], "task gone"),
+        "no task folder": (
+            [*model, "--include_path", str(tmp_path / "nope"), "--tasks", "x"],
+            "is not a folder",
+        ),
     }
 
 
@@ -109,7 +113,7 @@ def mistakes(model_file: Path, tasks: Path, tmp_path: Path) -> dict[str, tuple[l
 def test_a_mistake_is_one_line_and_exit_2(
     mistake: str, model_file: Path, tasks: Path, tmp_path: Path, capsys, monkeypatch
 ) -> None:
-    if mistake in ("unknown task", "data missing"):
+    if mistake in ("unknown task", "data missing", "no task folder"):
         lm_eval_tasks = pytest.importorskip("lm_eval.tasks", reason="lm-evaluation-harness is not installed")
         # Indexing lm-eval's own 10,000 task files takes seconds; the local folder decides here.
         manager = lm_eval_tasks.TaskManager
