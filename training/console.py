@@ -149,7 +149,10 @@ class RunSummary(L.Callback):
             )
         tasks = next((c for c in trainer.callbacks if hasattr(c, "seconds_spent")), None)
         if tasks is not None and tasks.runs:
-            parts.append(f"task evaluation {duration(tasks.seconds_spent)} over {tasks.runs} validations")
+            plural = "s" if tasks.runs != 1 else ""
+            parts.append(
+                f"task evaluation {duration(tasks.seconds_spent)} over {tasks.runs} validation{plural}"
+            )
         report = Path(trainer.default_root_dir) / "report.html"
         if report.is_file():
             parts.append(f"report {report}")
