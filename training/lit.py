@@ -183,11 +183,13 @@ class LitGPT(L.LightningModule):
         tokens. Bits per byte: the loss of the targets that stand for text, in bits, over their
         UTF-8 bytes; end-of-text targets (zero bytes) are left out of both, so the figure compares
         tokenizers with and without such a token over the same text."""
-        if self._val_sums is None:
-            return
+        # Every rank joins the reduction, also one that scored no batch (it would hang the others).
+        sums = self._val_sums if self._val_sums is not None else torch.zeros(4, dtype=torch.float64)
         loss, targets, text_loss, nbytes = self.trainer.strategy.reduce(
-            self._val_sums, reduce_op="sum"
+            sums.to(self.device), reduce_op="sum"
         ).tolist()
+        if not targets:
+            return
         mean = loss / targets
         # The same on every rank (already summed over them), so sync_dist's mean leaves them as they are.
         self.log("val_loss", mean, prog_bar=True, sync_dist=True)
