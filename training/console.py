@@ -82,13 +82,21 @@ class RunSummary(L.Callback):
 
     Before: the model (shape, parameters), the data (tokens per split), the steps (tokens per
     step and in all, passes over the training tokens), the compute (FLOPs per token) and where
-    the files go. After: steps, tokens and wall time, the best validation loss and where the best
-    checkpoint and the report are.
+    the files go. After: steps, tokens and wall time, the best validation loss with its bits per
+    byte, where the best checkpoint and the report are, and what evaluating tasks during training
+    cost (`EvaluateTasks`).
     """
 
     def __init__(self) -> None:
         self._start: float | None = None
         self._tokens_per_step = 0
+        self._bpb_at: dict[float, float] = {}
+        """val_bpb of each validation of this process, by its val_loss."""
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        metrics = trainer.callback_metrics
+        if not trainer.sanity_checking and "val_loss" in metrics and "val_bpb" in metrics:
+            self._bpb_at[float(metrics["val_loss"])] = float(metrics["val_bpb"])
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = time.perf_counter()
@@ -131,8 +139,19 @@ class RunSummary(L.Callback):
         parts = [f"done: {trainer.global_step:,} steps, {_tokens(tokens)} tokens in {duration(seconds)}"]
         checkpoint = trainer.checkpoint_callback
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_score is not None:
+            best = float(checkpoint.best_model_score)
+            # Known when the best validation ran in this process (not before a resume).
+            bpb = self._bpb_at.get(best) if checkpoint.monitor == "val_loss" else None
             parts.append(
-                f"best val loss {float(checkpoint.best_model_score):.3f} in {checkpoint.best_model_path}"
+                f"best val loss {best:.3f}"
+                + (f" ({bpb:.3f} bits per byte)" if bpb is not None else "")
+                + f" in {checkpoint.best_model_path}"
+            )
+        tasks = next((c for c in trainer.callbacks if hasattr(c, "seconds_spent")), None)
+        if tasks is not None and tasks.runs:
+            plural = "s" if tasks.runs != 1 else ""
+            parts.append(
+                f"task evaluation {duration(tasks.seconds_spent)} over {tasks.runs} validation{plural}"
             )
         report = Path(trainer.default_root_dir) / "report.html"
         if report.is_file():

@@ -25,7 +25,7 @@ from minigpt.checkpoints.pretrained import load_pretrained, open_pretrained
 from minigpt.model import GPT, ConfigError, GPTConfig
 
 from .config import OptimConfig
-from .loss import fused_linear_cross_entropy, next_token_loss
+from .loss import fused_linear_cross_entropy, next_token_loss, token_losses
 from .optim import build_optimizer, build_scheduler
 from .precision import fast_matmul_dtype
 
@@ -79,8 +79,10 @@ class LitGPT(L.LightningModule):
         self.tokenizer_spec: dict[str, Any] | None = None
         self.grad_norm: torch.Tensor | None = None
         """Global gradient norm of the last optimizer step, before clipping (None without clipping)."""
-        self._val_loss_sum = 0.0
-        self._val_batches = 0
+        self._token_bytes: torch.Tensor | None = None
+        """(n_vocab,) int64: the UTF-8 bytes each token id stands for (0: end-of-text)."""
+        self._val_sums: torch.Tensor | None = None
+        """This rank's validation sums: loss, targets, loss of the targets standing for text, their bytes."""
 
     # -- building ---------------------------------------------------------------------------
 
@@ -95,6 +97,7 @@ class LitGPT(L.LightningModule):
             )
         self.gpt_config = replace(self.gpt_config, vocab_size=vocab_size)
         self.tokenizer_spec = tokenizer.spec()
+        self._token_bytes = torch.from_numpy(tokenizer.byte_lengths())
         self.model = GPT(self.gpt_config)
         if self.init_from is not None:
             model_file, weights, spec = open_pretrained(self.init_from)
@@ -116,12 +119,16 @@ class LitGPT(L.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy of the model on inputs x (B, T) and targets y (B, T)."""
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        """The final hidden states (B, T, C) of inputs x (B, T): what the LM head reads."""
         if self._features is None:  # on first use, so that a model assigned directly works too
             # Compiling the bound method leaves the module, and so its state_dict, untouched.
             self._features = torch.compile(self.model.features) if self._compile else self.model.features
-        hidden = self._features(x)
+        return self._features(x)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of the model on inputs x (B, T) and targets y (B, T)."""
+        hidden = self.hidden(x)
         if self.fused_loss:
             return fused_linear_cross_entropy(hidden, self.model.lm_head.weight, y)
         return next_token_loss(self.model.lm_head(hidden), y)
@@ -156,21 +163,39 @@ class LitGPT(L.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
-        loss = self.loss(x, y)
-        # Mean over batches and, under DDP, over ranks.
-        self.log("val_loss", loss, prog_bar=True, sync_dist=True)
-        self._val_loss_sum += loss.item()
-        self._val_batches += 1
+        chunk_rows = 256 if self.fused_loss else None  # the fused loss never holds all the logits
+        losses = token_losses(self.hidden(x), self.model.lm_head.weight, y, chunk_rows)  # (B*T,)
+        if self._token_bytes.device != y.device:
+            self._token_bytes = self._token_bytes.to(y.device)
+        nbytes = self._token_bytes[y.flatten()]
+        text = nbytes > 0
+        sums = torch.stack(
+            [losses.sum(), losses.new_tensor(losses.numel()), losses[text].sum(), nbytes.sum().float()]
+        ).double()
+        self._val_sums = sums if self._val_sums is None else self._val_sums + sums
 
     def on_validation_epoch_start(self) -> None:
-        self._val_loss_sum, self._val_batches = 0.0, 0
+        self._val_sums = None
 
     def on_validation_epoch_end(self) -> None:
-        if self._val_batches:
-            local_mean = torch.tensor(self._val_loss_sum / self._val_batches, device=self.device)
-            mean = float(self.trainer.strategy.reduce(local_mean, reduce_op="mean"))
-            # Perplexity of the mean loss (not the mean of per-batch perplexities).
-            self.log("val_ppl", math.exp(min(mean, 50.0)), sync_dist=True)  # same on every rank
+        """Log val_loss (nats per target token), val_ppl and val_bpb, each from the sums over every
+        rank's targets: the total divided once, so batches and ranks of any size weigh by their
+        tokens. Bits per byte: the loss of the targets that stand for text, in bits, over their
+        UTF-8 bytes; end-of-text targets (zero bytes) are left out of both, so the figure compares
+        tokenizers with and without such a token over the same text."""
+        # Every rank joins the reduction, also one that scored no batch (it would hang the others).
+        sums = self._val_sums if self._val_sums is not None else torch.zeros(4, dtype=torch.float64)
+        loss, targets, text_loss, nbytes = self.trainer.strategy.reduce(
+            sums.to(self.device), reduce_op="sum"
+        ).tolist()
+        if not targets:
+            return
+        mean = loss / targets
+        # The same on every rank (already summed over them), so sync_dist's mean leaves them as they are.
+        self.log("val_loss", mean, prog_bar=True, sync_dist=True)
+        self.log("val_ppl", math.exp(min(mean, 50.0)), sync_dist=True)  # of the mean loss
+        if nbytes:
+            self.log("val_bpb", text_loss / (math.log(2) * nbytes), prog_bar=True, sync_dist=True)
 
     # -- checkpoints ------------------------------------------------------------------------
 

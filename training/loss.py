@@ -18,6 +18,23 @@ def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def token_losses(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int | None = None
+) -> torch.Tensor:
+    """Cross-entropy of every position, fp32 `(N,)`, for hidden states (..., C), the LM head's
+    weight (V, C) and targets (...): what validation sums. With `chunk_rows`, the logits of that
+    many rows at a time, as `fused_linear_cross_entropy` takes them; without, all at once."""
+    hidden, targets = hidden.flatten(0, -2), targets.flatten()
+    step = chunk_rows or max(hidden.shape[0], 1)
+    losses = [
+        F.cross_entropy(
+            F.linear(hidden[i : i + step], weight).float(), targets[i : i + step], reduction="none"
+        )
+        for i in range(0, hidden.shape[0], step)
+    ]
+    return torch.cat(losses) if losses else hidden.new_zeros(0, dtype=torch.float32)
+
+
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
     device = x.device.type
     if torch.is_autocast_enabled(device):

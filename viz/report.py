@@ -68,23 +68,41 @@ def final_figures(log: RunLog) -> list[tuple[str, str]]:
     """(label, value) rows of what the log says about the end of the run; what it cannot tell is left
     out rather than guessed."""
     rows: list[tuple[str, str]] = []
-    val, ppl = log.metrics.get("val_loss"), log.metrics.get("val_ppl")
+    val, ppl, bpb = log.metrics.get("val_loss"), log.metrics.get("val_ppl"), log.metrics.get("val_bpb")
 
     def perplexity(i: int) -> str:
         at = np.flatnonzero(ppl.steps == val.steps[i]) if ppl is not None else np.array([], int)
         return f"{ppl.values[at[0]]:.2f}" if len(at) else f"{math.exp(min(val.values[i], 700)):.2f}"
+
+    def bits_per_byte(i: int) -> list[tuple[str, str]]:
+        at = np.flatnonzero(bpb.steps == val.steps[i]) if bpb is not None else np.array([], int)
+        return (
+            [(f"{'final' if i == -1 else 'best'} val bits per byte", f"{bpb.values[at[0]]:.4f}")]
+            if len(at)
+            else []
+        )
 
     if val is not None and len(val.values):
         best = int(np.nanargmin(val.values)) if np.isfinite(val.values).any() else len(val.values) - 1
         rows += [
             ("final val loss", f"{val.values[-1]:.4f} at step {val.steps[-1]:,}"),
             ("final val perplexity", perplexity(-1)),
+            *bits_per_byte(-1),
             ("best val loss", f"{val.values[best]:.4f} at step {val.steps[best]:,}"),
             ("best val perplexity", perplexity(best)),
+            *bits_per_byte(best),
         ]
     train = log.metrics.get("train_loss")
     if train is not None:
         rows.append(("last train loss", f"{train.values[-1]:.4f} at step {train.steps[-1]:,}"))
+    for name, series in log.metrics.items():  # EvaluateTasks: lm-eval figures, and what they cost
+        if name.startswith("eval/") and name != "eval/seconds" and len(series.values):
+            rows.append((name.removeprefix("eval/"), f"{series.values[-1]:.4f} at step {series.steps[-1]:,}"))
+    cost = log.metrics.get("eval/seconds")
+    if cost is not None and len(cost.values):
+        rows.append(
+            ("task evaluation time", f"{duration(float(np.sum(cost.values)))} in {len(cost.values)} runs")
+        )
     if not log.metrics:
         # log_every_n_steps and val_check_interval both lie beyond the run's last step.
         return [("metrics logged", "none yet: the run ended before its first log row or validation")]

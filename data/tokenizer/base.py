@@ -52,6 +52,10 @@ class Tokenizer(Protocol):
         """JSON-serialisable description from which :func:`tokenizer_from_spec` rebuilds this tokenizer."""
         ...
 
+    def byte_lengths(self) -> np.ndarray:
+        """``(n_vocab,)`` int64: the UTF-8 bytes each id stands for; 0 for special tokens."""
+        ...
+
 
 IdMap = Callable[[np.ndarray], np.ndarray]
 """Maps a 1-D uint32 array of one tokenizer's ids to another's, one id for one id."""
@@ -86,6 +90,29 @@ class BaseTokenizer(ABC):
     @abstractmethod
     def spec(self) -> dict[str, Any]:
         """JSON-serialisable description from which :meth:`from_spec` rebuilds this tokenizer."""
+
+    def byte_lengths(self) -> np.ndarray:
+        """``(n_vocab,)`` int64: how many bytes of UTF-8 text each id stands for, 0 for special
+        tokens (end-of-text), which stand for no text. Bits per byte divide by these.
+
+        By default each id is decoded alone, which is right where every id is whole characters. A
+        byte-level tokenizer, whose ids may stand for part of a character, must override it.
+
+        Raises:
+            DataError: An id decodes alone to a partial character (U+FFFD), so its bytes are unknown.
+        """
+        lengths = np.zeros(self.n_vocab, dtype=np.int64)
+        for i in range(self.n_vocab):
+            if i == self.eot_id:
+                continue
+            text = self.decode([i])
+            if "\ufffd" in text:
+                raise DataError(
+                    f"the {self.name} tokenizer cannot say how many bytes token {i} stands for: it "
+                    "decodes alone to part of a character (the tokenizer must define byte_lengths)"
+                )
+            lengths[i] = len(text.encode("utf-8"))
+        return lengths
 
     @classmethod
     @abstractmethod

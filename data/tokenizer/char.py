@@ -122,6 +122,10 @@ class CharTokenizer(BaseTokenizer):
         """One token per character, an unknown character an error, as here (no end-of-text token)."""
         return char_tokenizer_json(self.chars)
 
+    def byte_lengths(self) -> np.ndarray:
+        """Bytes per id: the UTF-8 length of its character (1 for ASCII, up to 4)."""
+        return np.array([len(c.encode("utf-8", "surrogatepass")) for c in self.chars], dtype=np.int64)
+
 
 def _code_points(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype="<u4")

@@ -203,6 +203,10 @@ class CompactGPT2Tokenizer(BaseTokenizer):
         ids[outside] = self.n_vocab + np.arange(int(outside.sum()))
         return byte_level_bpe_json(tokens, ids.tolist(), {ENDOFTEXT: self.eot_id})
 
+    def byte_lengths(self) -> np.ndarray:
+        """Bytes per id: those of the GPT-2 token it renumbers (0 for end-of-text)."""
+        return self._gpt2.byte_lengths()[self.gpt2_ids]
+
     def spec(self) -> dict[str, Any]:
         packed = self.gpt2_ids.astype("<u2").tobytes()
         return {

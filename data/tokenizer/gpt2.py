@@ -119,3 +119,7 @@ class GPT2Tokenizer(BaseTokenizer):
         """The bytes of every ordinary token, indexed by id: the ids below ``<|endoftext|>``'s. An
         id is also its rank in the merge order, so this is the whole byte-pair vocabulary."""
         return [self._encoding.decode_single_token_bytes(i) for i in range(self.eot_id)]
+
+    def byte_lengths(self) -> np.ndarray:
+        """Bytes per id: each BPE token's bytes (part of a character, for some), 0 for end-of-text."""
+        return np.array([len(b) for b in self.token_bytes()] + [0], dtype=np.int64)

@@ -8,6 +8,7 @@ WITH_DROPOUT."""
 from __future__ import annotations
 
 import json
+import math
 import signal
 from pathlib import Path
 
@@ -54,6 +55,13 @@ def test_two_processes_follow_the_loss_curve_of_one(two_processes: Launch, one_p
         for launched in (one_process, two_processes)
     ]
     assert len(val[0]) == 2 and val[1] == pytest.approx(val[0], rel=TOLERANCE)
+    # Bits per byte from the same sums over both ranks: ASCII characters, one byte each, no end-of-text.
+    bpb = [
+        [float(r["val_bpb"]) for r in read_metrics(launched.run) if r.get("val_bpb")]
+        for launched in (one_process, two_processes)
+    ]
+    assert bpb[1] == pytest.approx(bpb[0], rel=TOLERANCE)
+    assert bpb[0] == pytest.approx([v / math.log(2) for v in val[0]], rel=TOLERANCE)
     a, b = weights(one_process.run), weights(two_processes.run)
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=TOLERANCE, atol=WEIGHT_TOLERANCE)

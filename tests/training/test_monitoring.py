@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -115,7 +116,12 @@ def test_the_run_summary_says_what_will_happen_and_what_did(
         "= 384 tokens" in text
     )
     best = float(trainer.checkpoint_callback.best_model_score)
-    assert "done: 6 steps, 384 tokens in" in text and f"best val loss {best:.3f}" in text
+    # Characters of ASCII text, one byte each, and no end-of-text: bits per byte are nats / ln 2.
+    bpb = best / math.log(2)
+    assert (
+        "done: 6 steps, 384 tokens in" in text
+        and f"best val loss {best:.3f} ({bpb:.3f} bits per byte)" in text
+    )
 
 
 def test_samples_go_to_the_run_folder(corpus: Path, tmp_path: Path) -> None:

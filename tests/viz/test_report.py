@@ -146,3 +146,15 @@ def test_a_run_with_nothing_logged_gets_a_report_that_says_so_when_asked(tmp_pat
     html = report.read_text(encoding="utf-8")
     assert "metrics logged" in html and "none yet" in html
     assert "No samples recorded" in html and "No config.yaml" in html
+
+
+def test_the_report_gives_the_bits_per_byte_of_the_final_and_the_best_validation(tmp_path: Path) -> None:
+    version = tmp_path / "run" / "csv" / "version_0"
+    version.mkdir(parents=True)
+    rows = "4,3.1,,,\n9,,2.3,9.97,1.5\n14,,2.2,9.03,1.4\n19,,2.5,12.18,1.7\n"
+    (version / "metrics.csv").write_text("step,train_loss,val_loss,val_ppl,val_bpb\n" + rows)
+    _, report = write_run_report(tmp_path / "run")
+    page = Page(report.read_text(encoding="utf-8"))
+    assert page.row("final val bits per byte") == "1.7000"
+    assert page.row("best val loss") == "2.2000 at step 15"  # the CSV counts from 0, the report from 1
+    assert page.row("best val bits per byte") == "1.4000"
