@@ -71,7 +71,7 @@ class ServeOptions:
 
 
 def serve_main(args: Sequence[str] | None = None) -> int:
-    """Parse the command line, load the model, serve until Ctrl-C. Returns the exit code."""
+    """Parse the command line, load the model, serve until Ctrl-C (exit 0). Returns the exit code."""
     parser = options_parser(
         "serve.py",
         "Serve a trained minigpt model: an OpenAI-compatible API and a web page that shows generation.",
@@ -92,7 +92,10 @@ def serve_main(args: Sequence[str] | None = None) -> int:
     if not ipaddress.ip_address(host).is_loopback:
         key = "" if server.config.app.state.api_key else "; no --api_key is set"
         print(f"warning: {host} answers other machines too{key}", file=sys.stderr)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn stops gracefully on Ctrl-C, then raises it again
+        pass
     return 0
 
 
@@ -130,6 +133,7 @@ def build_server(opts: ServeOptions):  # -> tuple[uvicorn.Server, socket.socket]
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((opts.host, opts.port))
+        sock.listen(2048)  # connections queue from now on, while the server starts; uvicorn's backlog
     except OSError:
         sock.close()
         raise

@@ -141,6 +141,7 @@ def create_app(engine: Engine, chat: ChatTemplate, api_key: str | None = None) -
             running=admission.busy,
             waiting=admission.inside - admission.busy,
             max_tokens=engine.limits.max_tokens,
+            max_logprobs=engine.limits.max_logprobs,
         )
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
