@@ -23,11 +23,10 @@ from starlette.types import Receive, Scope, Send
 
 from minigpt.common import one_line
 from minigpt.data import DataError
-from minigpt.model import ConfigError, check_sampling
 
 from .chat import ChatTemplate
 from .engine import Engine, Sampling, Usage
-from .errors import ClientError, RequestError, Unauthorized, UnknownModel
+from .errors import ClientError, Unauthorized, UnknownModel
 from .protocol import ChatRequest, Common, CompletionRequest
 from .responses import ChatShape, Choice, CompletionShape, Shape
 
@@ -122,10 +121,6 @@ def create_app(engine: Engine, chat: ChatTemplate, api_key: str | None = None) -
             raise UnknownModel(
                 f"the model {request.model!r} does not exist; this server serves {engine.name!r}", "model"
             )
-        try:
-            check_sampling(request.temperature or 0.0, request.top_k, request.top_p)
-        except ConfigError as err:
-            raise RequestError(str(err)) from None
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> HTMLResponse:

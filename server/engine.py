@@ -139,6 +139,9 @@ class Admission:
     running: int
     waiting: int
     inside: int = 0
+    """Requests holding a place: running or waiting."""
+    busy: int = 0
+    """Requests running now."""
     _slots: asyncio.Semaphore | None = field(default=None, repr=False)
 
     def reserve(self) -> None:
@@ -152,18 +155,17 @@ class Admission:
     @asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
         """Wait for a running slot with a place `reserve` took; the place is given back after."""
-        if self._slots is None:
+        if self._slots is None:  # made here, inside the server's event loop
             self._slots = asyncio.Semaphore(self.running)
         try:
             async with self._slots:
-                yield
+                self.busy += 1
+                try:
+                    yield
+                finally:
+                    self.busy -= 1
         finally:
             self.inside -= 1
-
-    @property
-    def busy(self) -> int:
-        """Requests running now."""
-        return self.running - self._slots._value if self._slots is not None else 0
 
 
 class Engine:
@@ -220,7 +222,7 @@ class Engine:
 
     def _steps(self, ids: list[int], s: Sampling, usage: Usage) -> Iterator[list[ChoiceStep]]:
         seed = s.seed if s.seed is not None else secrets.randbits(63)
-        generator = torch.Generator(device=self._device).manual_seed(seed)
+        generator = torch.Generator(device=self._device).manual_seed(seed % 2**64)
         prompt = torch.tensor([ids] * s.n, device=self._device)  # (n, T): the choices as one batch
         texts = [ChoiceText(self.tokenizer.decode, s.stop) for _ in range(s.n)]
         sample = dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, generator=generator)
@@ -228,19 +230,9 @@ class Engine:
             tops = self._alternatives(logits, next_ids, s.logprobs) if s.logprobs is not None else None
             step = []
             for i, token in enumerate(next_ids[:, 0].tolist()):
-                text = texts[i]
-                if text.finish_reason is not None:
-                    continue
-                usage.completion_tokens += 1
-                if token == self.tokenizer.eot_id:
-                    step.append(ChoiceStep(i, text.end("stop"), None, text.finish_reason))
-                    continue
-                piece = text.push(token)
-                kept = None  # the token that reached a stop string is not part of the choice
-                if text.finish_reason is None:
-                    logprob, top = tops[i] if tops else (None, ())
-                    kept = Token(token, self.tokenizer.decode([token]), logprob, top)
-                step.append(ChoiceStep(i, piece, kept, text.finish_reason))
+                if texts[i].finish_reason is None:
+                    usage.completion_tokens += 1
+                    step.append(self._advance(i, texts[i], token, tops[i] if tops else (None, ())))
             yield step
             if all(text.finish_reason is not None for text in texts):
                 return
@@ -250,13 +242,25 @@ class Engine:
             if t.finish_reason is None
         ]
 
+    def _advance(
+        self, index: int, text: ChoiceText, token: int, scores: tuple[float | None, tuple]
+    ) -> ChoiceStep:
+        """One choice's step: end-of-text ends it, a stop string may; the token that ends it is
+        not part of the choice."""
+        if token == self.tokenizer.eot_id:
+            return ChoiceStep(index, text.end("stop"), None, text.finish_reason)
+        piece = text.push(token)
+        if text.finish_reason is not None:
+            return ChoiceStep(index, piece, None, text.finish_reason)
+        return ChoiceStep(index, piece, Token(token, self.tokenizer.decode([token]), *scores))
+
     def _alternatives(
         self, logits: torch.Tensor, chosen: torch.Tensor, k: int
     ) -> list[tuple[float, tuple[tuple[int, str, float], ...]]]:
         """Per row: the chosen token's log-probability and the k most likely (id, text, logprob)."""
         logprobs = torch.log_softmax(logits.float(), dim=-1)  # (n, V)
         own = logprobs.gather(1, chosen).squeeze(1).tolist()
-        values, indices = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], chosen[:, :0])
+        values, indices = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
         decode = self.tokenizer.decode
         return [
             (

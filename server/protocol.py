@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from minigpt.model import ConfigError, check_sampling
+
 from .engine import Limits, Sampling
 from .errors import RequestError
 
@@ -78,9 +80,14 @@ class Common(Request):
                 f"{logprobs} alternatives per token asked; this server gives at most {limits.max_logprobs}",
                 "logprobs",
             )
+        temperature = 1.0 if self.temperature is None else self.temperature
+        try:
+            check_sampling(temperature, self.top_k, self.top_p)  # the project's one rule for these
+        except ConfigError as err:
+            raise RequestError(str(err)) from None
         return Sampling(
             max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
+            temperature=temperature,
             top_p=self.top_p,
             top_k=self.top_k,
             n=self.n,
