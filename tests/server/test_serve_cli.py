@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -87,3 +89,29 @@ def test_serve_main_says_where_it_serves_and_serves_there(
             servers[0][0].should_exit = True
         thread.join(timeout=30)
     assert codes == [0]
+
+
+def test_with_an_api_key_the_api_needs_it_and_the_page_and_health_do_not(
+    model_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MINIGPT_API_KEY", "sesame")
+    server, sock = build_server(ServeOptions(checkpoint=str(model_file), port=0))
+    sock.close()
+    app = server.config.app
+
+    async def ask() -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as client:
+            return [
+                await client.get("/v1/models"),
+                await client.get("/v1/models", headers={"Authorization": "Bearer wrong"}),
+                await client.get("/v1/models", headers={"Authorization": "Bearer sesame"}),
+                await client.get("/health"),
+                await client.get("/"),
+            ]
+
+    missing, wrong, right, health, page = asyncio.run(ask())
+    assert missing.status_code == wrong.status_code == 401
+    assert "API key" in missing.json()["error"]["message"]
+    assert right.status_code == health.status_code == page.status_code == 200
