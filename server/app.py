@@ -69,7 +69,7 @@ class TurnStream(EventSourceResponse):
     turn back however it ends: finished, failed, or the client gone."""
 
     def __init__(self, engine: Engine, events: AsyncIterator[bytes]) -> None:
-        super().__init__(events)
+        super().__init__(events, headers={"Cache-Control": "no-cache"})
         self._engine = engine
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -77,6 +77,8 @@ class TurnStream(EventSourceResponse):
             async with self._engine.admission.turn():
                 await super().__call__(scope, receive, send)
         finally:
+            # A client gone mid-stream leaves the events suspended: close them now, and with them
+            # the model's generation, rather than whenever the garbage collector finds them.
             await self.body_iterator.aclose()  # type: ignore[union-attr]
 
 
@@ -116,7 +118,7 @@ def create_app(engine: Engine, chat: ChatTemplate, api_key: str | None = None) -
         if not secrets.compare_digest(given.encode(), api_key.encode()):
             raise Unauthorized("a valid API key is needed: send it as 'Authorization: Bearer <key>'")
 
-    def served(request: Common) -> None:
+    def check_model(request: Common) -> None:
         if request.model != engine.name:
             raise UnknownModel(
                 f"the model {request.model!r} does not exist; this server serves {engine.name!r}", "model"
@@ -146,7 +148,7 @@ def create_app(engine: Engine, chat: ChatTemplate, api_key: str | None = None) -
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)], response_model=None)
     async def completions(request: CompletionRequest) -> JSONResponse | TurnStream:
-        served(request)
+        check_model(request)
         ids = engine.prompt_ids(request.prompt)
         sampling = request.sampling(engine.limits, request.max_tokens or 0, request.logprobs)
         echo = (
@@ -161,7 +163,7 @@ def create_app(engine: Engine, chat: ChatTemplate, api_key: str | None = None) -
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)], response_model=None)
     async def chat_completions(request: ChatRequest) -> JSONResponse | TurnStream:
-        served(request)
+        check_model(request)
         ids = engine.prompt_ids(chat.render(request.conversation()))
         k = (request.top_logprobs or 0) if request.logprobs else None
         sampling = request.sampling(engine.limits, request.token_budget(engine.limits), k, chat.stop)
