@@ -15,7 +15,7 @@ from minigpt.model import KVCache
 from .conftest import LIMITS, NAME, Served
 
 CLIENTS = 50
-TOKENS = 16
+TOKENS = 12
 
 
 async def one_client(client: httpx.AsyncClient, leave_early: bool) -> str:

@@ -17,7 +17,7 @@ playwright = pytest.importorskip(
 )
 
 PROMPT = "ROMEO:\n"
-TOKENS, SEED, HOVERED = 24, 4, 5
+TOKENS, SEED, HOVERED = 16, 4, 5
 
 
 @pytest.mark.skipif(
