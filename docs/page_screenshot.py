@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--prompt", default="ROMEO:\n")
     parser.add_argument("--tokens", type=int, default=60)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--hover", type=int, default=12, help="which generated token to inspect (from 0)")
+    parser.add_argument("--hover", type=int, default=18, help="which generated token to inspect (from 0)")
     args = parser.parse_args()
     browser_path = next(
         filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None
