@@ -2,7 +2,7 @@
 
 from .attention import MultiHeadAttention
 from .config import ConfigError, GPTConfig
-from .generation import LastTokenHead, generate, generate_tokens, optimize_for_decoding
+from .generation import LastTokenHead, generate, generate_steps, generate_tokens, optimize_for_decoding
 from .gpt import GPT, MLP, Block
 from .kv_cache import KVCache
 from .sampling import check_sampling, sample_next, top_k_filter, top_p_filter
@@ -18,6 +18,7 @@ __all__ = [
     "MultiHeadAttention",
     "check_sampling",
     "generate",
+    "generate_steps",
     "generate_tokens",
     "optimize_for_decoding",
     "sample_next",

@@ -108,6 +108,37 @@ def generate_tokens(
     goes through the LM head (`LastTokenHead`). Stops early once every row has produced
     `stop_token`.
     """
+    steps = generate_steps(
+        model,
+        idx,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        stop_token=stop_token,
+        use_cache=use_cache,
+        generator=generator,
+    )
+    for next_id, _ in steps:
+        yield next_id
+
+
+@torch.inference_mode()
+def generate_steps(
+    model: GPT,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_token: int | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """`generate_tokens`, yielding with each step's ids (B, 1) the logits (B, V) they were drawn
+    from, as the model gave them (before temperature and filtering): what a server reports as
+    log-probabilities and alternatives."""
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if idx.shape[1] == 0:
@@ -126,10 +157,9 @@ def generate_tokens(
             for cache in caches:
                 cache.reset()
             hidden = model.features(window, caches)
-        next_id = sample_next(
-            head(hidden[:, -1]), temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
-        )
-        yield next_id
+        logits = head(hidden[:, -1])
+        next_id = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        yield next_id, logits
         idx = torch.cat([idx, next_id], dim=1)
         if stop_token is not None:
             finished |= next_id.squeeze(1) == stop_token

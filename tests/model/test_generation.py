@@ -3,7 +3,15 @@ import copy
 import pytest
 import torch
 
-from minigpt.model import GPT, GPTConfig, LastTokenHead, generate, generate_tokens, optimize_for_decoding
+from minigpt.model import (
+    GPT,
+    GPTConfig,
+    LastTokenHead,
+    generate,
+    generate_steps,
+    generate_tokens,
+    optimize_for_decoding,
+)
 from minigpt.model import generation as generation_module
 
 
@@ -111,3 +119,19 @@ def test_prepared_head_is_reused_until_the_weights_change() -> None:
     assert fresh is not prepared
     with torch.inference_mode():
         torch.testing.assert_close(fresh(hidden), model.lm_head(hidden))
+
+
+def test_each_step_yields_the_logits_its_token_was_drawn_from(model: GPT) -> None:
+    # What a server reports as log-probabilities: the full model's last-position logits for the
+    # sequence so far, before temperature, also once the window slides past the context of 12.
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    steps = list(
+        generate_steps(model, prompt, 10, temperature=0.7, generator=torch.Generator().manual_seed(3))
+    )
+    tokens = torch.cat([prompt, *(token for token, _ in steps)], dim=1)
+    for step, (_, logits) in enumerate(steps):
+        expected = model(tokens[:, : 5 + step][:, -12:])[:, -1]
+        torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(
+        tokens, generate(model, prompt, 10, temperature=0.7, generator=torch.Generator().manual_seed(3))
+    )
