@@ -1,7 +1,12 @@
-"""Text data for minigpt: corpora, tokenizers, prepared token files and the LightningDataModule."""
+"""Text data for minigpt: corpora, tokenizers, prepared token files and the LightningDataModule.
+
+`TextDataModule` is imported on first use: it needs Lightning, which the commands that only read
+a model (generate, export, visualize, evaluate, serve) would otherwise import at start-up.
+"""
+
+from typing import Any
 
 from .config import DataConfig
-from .datamodule import TextDataModule
 from .errors import DataError
 from .gpt2_encoding import load_gpt2_encoding
 from .loader import ResumableLoader
@@ -42,3 +47,11 @@ __all__ = [
     "spec_from_hf_tokenizer_json",
     "tokenizer_from_spec",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TextDataModule":
+        from .datamodule import TextDataModule
+
+        return TextDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
