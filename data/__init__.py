@@ -9,6 +9,7 @@ from .prepare import open_prepared, prepare
 from .prepared import PreparedData, Segment
 from .tokenizer import (
     BaseTokenizer,
+    BPETokenizer,
     CharTokenizer,
     CompactGPT2Tokenizer,
     GPT2Tokenizer,
@@ -20,6 +21,7 @@ from .tokenizer import (
 from .windows import TokenWindows, TrainWindowSampler
 
 __all__ = [
+    "BPETokenizer",
     "BaseTokenizer",
     "CharTokenizer",
     "CompactGPT2Tokenizer",
