@@ -102,7 +102,7 @@ def prepared_for(config: dict, source: str, cache: Path, settings: dict[str, obj
 
 def step_speeds(config: dict, vocab: dict[str, int], rounds: int, steps: int) -> dict[str, float]:
     """Each contestant's steps per second relative to the first's, timed in turns in this process
-    (the fastest step of each: other work on the machine only ever adds time)."""
+    after the runs (the fastest step of each: other work on the machine only ever adds time)."""
     keep_freed_memory()  # as train.py does
     timers = {name: step_timer(config, {}, size) for name, size in vocab.items()}
     for timer in timers.values():
@@ -121,8 +121,8 @@ def main() -> None:
     p.add_argument("--config", default="small.yaml")
     p.add_argument("--text", default=None, help="a UTF-8 text file (default: the built-in corpus)")
     p.add_argument("--steps", type=int, default=300, help="training steps of every contestant")
-    p.add_argument("--contestants", default="gpt2-compact,bpe:1024,bpe:4096,bpe:8192,char")
-    p.add_argument("--rounds", type=int, default=5, help="timing rounds, the contestants taking turns")
+    p.add_argument("--contestants", default="gpt2-compact,bpe:4096,char,bpe:8192,bpe:2048")
+    p.add_argument("--rounds", type=int, default=3, help="timing rounds, the contestants taking turns")
     p.add_argument("--timed-steps", type=int, default=3, help="steps timed per contestant and round")
     p.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
     args = p.parse_args()
@@ -133,16 +133,12 @@ def main() -> None:
     full_steps = int(config["trainer"]["max_steps"])
     warmup = int(config["model"].get("optim", {}).get("warmup_steps", 0))
     bf16 = resolve_precision(config["trainer"].get("precision")) == "bf16-mixed"
-    rows = []
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="minigpt-tokenizers-") as tmp:
         work = Path(tmp)
-        prepared = {
-            n: prepared_for(config, args.source, work / "data", contestant_settings(n)) for n in names
-        }
-        vocab = {n: prepared[n].tokenizer().n_vocab for n in names}
-        speed = step_speeds(config, vocab, args.rounds, args.timed_steps)
-        log(f"[timing] {speed}")
+        cache = work / "data"
         for name in names:
+            prepared = prepared_for(config, args.source, cache, contestant_settings(name))
             extra = {
                 "trainer.max_steps": args.steps,
                 "trainer.val_check_interval": args.steps,
@@ -150,14 +146,21 @@ def main() -> None:
                 **contestant_settings(name),
             }
             run = train(args, work, name.replace(":", "-"), cli_overrides(extra))
-            model, _ = load_model(work / name.replace(":", "-"))
-            score = bits_per_byte(model, prepared[name], bf16)
-            meta = prepared[name].meta
-            row = {"name": name, "vocab": vocab[name], "speed": speed[name], **run, **score}
+            model, tokenizer = load_model(work / name.replace(":", "-"))
+            meta = prepared.meta
+            row = {"name": name, "vocab": tokenizer.n_vocab, **run, **bits_per_byte(model, prepared, bf16)}
             row["bytes_per_token"] = meta["text_bytes"] / (meta["train_tokens"] + meta["val_tokens"])
             log(f"[{name}] {row}")
             rows.append(row)
+            write_table(args, names, rows)  # as each run ends, so a long benchmark shows its progress
+        speed = step_speeds(config, {r["name"]: r["vocab"] for r in rows}, args.rounds, args.timed_steps)
+        for row in rows:
+            row["speed"] = speed[row["name"]]
+        write_table(args, names, rows)
 
+
+def write_table(args: argparse.Namespace, names: list[str], rows: list[dict]) -> None:
+    """The markdown table of the runs so far, printed and written to --out."""
     lines = [
         f"`python benchmarks/tokenizer_bpb.py --config {Path(args.config).name} --steps {args.steps}"
         + (f" --text {Path(args.text).name}" if args.text else "")
@@ -170,13 +173,14 @@ def main() -> None:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        speed = f"{r['speed']:.0%}" if "speed" in r else "(timed at the end)"
         lines.append(
-            f"| {r['name']} | {r['vocab']:,} | {r['bytes_per_token']:.2f} | {r['speed']:.0%} |"
+            f"| {r['name']} | {r['vocab']:,} | {r['bytes_per_token']:.2f} | {speed} |"
             f" {r['nats_per_token']:.3f} (logged {r['val_loss']:.3f}) | {r['val_bytes']:,} |"
             f" **{r['bpb']:.3f}** |"
         )
     text = "\n".join(lines) + "\n"
-    print(text)
+    print(text, flush=True)
     if args.out:
         args.out.write_text(text, encoding="utf-8")
 
