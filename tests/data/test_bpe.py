@@ -12,6 +12,7 @@ import tokenizers
 
 from minigpt.data import BPETokenizer, DataConfig, DataError, prepare, tokenizer_from_spec
 from minigpt.data.corpus import resolve_corpus
+from minigpt.data.prepare import _cache_key
 from minigpt.data.split import training_text
 
 TRICKY = "Hello, wörld! 你好 🙂🎉\n\n\tTabs  and   spaces   \r\nend's we'll 1234567 <|endoftext|> x  \n"
@@ -110,3 +111,14 @@ def test_the_vocabulary_never_sees_the_validation_split(tmp_path: Path) -> None:
     assert train_text + bpe.decode(prepared.tokens("val").tolist()) == noise + CORPUS * 8 + unseen
     # Validation got fewer than a tenth of the tokens rather than any learned text.
     assert 0 < prepared.num_tokens("val") < 0.1 * (prepared.num_tokens("train") + prepared.num_tokens("val"))
+
+
+def test_the_options_are_part_of_the_cache_key(tmp_path: Path) -> None:
+    (tmp_path / "corpus.txt").write_text(CORPUS, encoding="utf-8")
+    corpus = resolve_corpus(str(tmp_path / "corpus.txt"))
+
+    def key(**options: object) -> str:
+        return _cache_key(corpus, DataConfig(source=str(tmp_path / "corpus.txt"), tokenizer="bpe", **options))
+
+    assert key() == key(vocab_size=4096, special_tokens=("<|endoftext|>",))
+    assert len({key(), key(vocab_size=8192), key(special_tokens=("<|eot|>",))}) == 3
