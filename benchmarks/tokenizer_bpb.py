@@ -37,7 +37,7 @@ import torch
 
 from ablation import cli_overrides, config_path, read_yaml, step_timer, train
 from minigpt.checkpoints import load_model
-from minigpt.data import DataConfig, PreparedData, Tokenizer, prepare
+from minigpt.data import DataConfig, PreparedData, Tokenizer, prepare, tokenizer_from_spec
 from minigpt.data.tokenizer import BPETokenizer, CharTokenizer, CompactGPT2Tokenizer, GPT2Tokenizer
 from minigpt.data.windows import TokenWindows, val_offsets
 from minigpt.model import GPT
@@ -125,6 +125,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="timing rounds, the contestants taking turns")
     p.add_argument("--timed-steps", type=int, default=3, help="steps timed per contestant and round")
     p.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
+    p.add_argument("--timing-only", action="store_true", help="print the relative step speeds and stop")
+    p.add_argument(
+        "--speeds",
+        default=None,
+        help="the same wall-clock time for each: name=speed,... as --timing-only printed (relative to the"
+        " contestant --steps is for); a contestant then trains --steps x its speed steps",
+    )
     args = p.parse_args()
     args.source = str(Path(args.text).resolve()) if args.text else "shakespeare"
     args.config, args.over = config_path(args.config), None
@@ -133,16 +140,28 @@ def main() -> None:
     full_steps = int(config["trainer"]["max_steps"])
     warmup = int(config["model"].get("optim", {}).get("warmup_steps", 0))
     bf16 = resolve_precision(config["trainer"].get("precision")) == "bf16-mixed"
+    speeds = (
+        {k: float(v.rstrip("%")) for k, v in (x.rsplit("=", 1) for x in args.speeds.split(","))}
+        if args.speeds
+        else {}
+    )
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="minigpt-tokenizers-") as tmp:
         work = Path(tmp)
         cache = work / "data"
+        if args.timing_only:
+            vocab = {n: prepared_for(config, args.source, cache, contestant_settings(n)).meta for n in names}
+            sizes = {n: tokenizer_from_spec(meta["tokenizer"]).n_vocab for n, meta in vocab.items()}
+            speed = step_speeds(config, sizes, args.rounds, args.timed_steps)
+            print("\n".join(f"{n}: {sizes[n]:,} ids, step speed {speed[n]:.0%}" for n in names), flush=True)
+            return
         for name in names:
             prepared = prepared_for(config, args.source, cache, contestant_settings(name))
+            steps = round(args.steps * speeds.get(name, 1.0))
             extra = {
-                "trainer.max_steps": args.steps,
-                "trainer.val_check_interval": args.steps,
-                "model.optim.warmup_steps": max(1, round(warmup * args.steps / full_steps)),
+                "trainer.max_steps": steps,
+                "trainer.val_check_interval": steps,
+                "model.optim.warmup_steps": max(1, round(warmup * steps / full_steps)),
                 **contestant_settings(name),
             }
             run = train(args, work, name.replace(":", "-"), cli_overrides(extra))
@@ -153,7 +172,9 @@ def main() -> None:
             log(f"[{name}] {row}")
             rows.append(row)
             write_table(args, names, rows)  # as each run ends, so a long benchmark shows its progress
-        speed = step_speeds(config, {r["name"]: r["vocab"] for r in rows}, args.rounds, args.timed_steps)
+        speed = speeds or step_speeds(
+            config, {r["name"]: r["vocab"] for r in rows}, args.rounds, args.timed_steps
+        )
         for row in rows:
             row["speed"] = speed[row["name"]]
         write_table(args, names, rows)
@@ -164,18 +185,20 @@ def write_table(args: argparse.Namespace, names: list[str], rows: list[dict]) ->
     lines = [
         f"`python benchmarks/tokenizer_bpb.py --config {Path(args.config).name} --steps {args.steps}"
         + (f" --text {Path(args.text).name}" if args.text else "")
+        + (f" --speeds {args.speeds}" if args.speeds else "")
         + f" --contestants {args.contestants}`,"
         f" {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.machine()},"
-        f" {os.cpu_count()} cores, torch {torch.__version__}; step speed: fastest of {args.rounds} rounds"
-        f" x {args.timed_steps} steps, relative to {names[0]}",
+        f" {os.cpu_count()} cores, torch {torch.__version__}; step speed relative to "
+        + ("the --steps reference, " if args.speeds else f"{names[0]}: ")
+        + ("as given" if args.speeds else f"fastest of {args.rounds} rounds x {args.timed_steps} steps"),
         "",
-        "| tokenizer | vocab | bytes/token | step speed | val nats/token | val bytes | **val bits/byte** |",
-        "|---|---|---|---|---|---|---|",
+        "| tokenizer | vocab | bytes/token | step speed | steps | val nats/token | val bytes | **bpb** |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         speed = f"{r['speed']:.0%}" if "speed" in r else "(timed at the end)"
         lines.append(
-            f"| {r['name']} | {r['vocab']:,} | {r['bytes_per_token']:.2f} | {speed} |"
+            f"| {r['name']} | {r['vocab']:,} | {r['bytes_per_token']:.2f} | {speed} | {r['steps']} |"
             f" {r['nats_per_token']:.3f} (logged {r['val_loss']:.3f}) | {r['val_bytes']:,} |"
             f" **{r['bpb']:.3f}** |"
         )
