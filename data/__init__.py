@@ -14,6 +14,7 @@ from .prepare import open_prepared, prepare
 from .prepared import PreparedData, Segment
 from .tokenizer import (
     BaseTokenizer,
+    BPETokenizer,
     CharTokenizer,
     CompactGPT2Tokenizer,
     GPT2Tokenizer,
@@ -26,6 +27,7 @@ from .tokenizer import (
 from .windows import TokenWindows, TrainWindowSampler
 
 __all__ = [
+    "BPETokenizer",
     "BaseTokenizer",
     "CharTokenizer",
     "CompactGPT2Tokenizer",

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import DataError
-from .tokenizer import tokenizer_class
+from .tokenizer import TOKENIZERS, tokenizer_class
+
+_TOKENIZER_OPTIONS = ("vocab_size", "special_tokens")
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,14 @@ class DataConfig:
     tokenizer: str = "gpt2"
     """Tokenizer: "gpt2" (GPT-2 BPE, 50257 ids), "gpt2-compact" (GPT-2 BPE renumbered over the tokens
     the corpus uses: the same tokens, a much smaller embedding and LM head), "char" (one id per
-    character of the corpus), or the name of any tokenizer registered with register_tokenizer."""
+    character of the corpus), "bpe" (a byte-level BPE learned from the training split, vocab_size
+    ids), or the name of any tokenizer registered with register_tokenizer."""
+    vocab_size: int | None = None
+    """Ids of a learned tokenizer (bpe): the 256 bytes, the special tokens and the merges learned
+    (null: 4096). Other tokenizers take their size from their vocabulary."""
+    special_tokens: tuple[str, ...] | None = None
+    """Special tokens of a learned tokenizer (bpe), ids 0, 1, ...; the first separates documents
+    (null: ["<|endoftext|>"])."""
     tokenizer_path: str | None = None
     """Path to GPT-2's r50k_base.tiktoken ranks file, for machines that cannot download it."""
     text_column: str = "text"
@@ -53,7 +63,14 @@ class DataConfig:
     def __post_init__(self) -> None:
         if not self.source:
             raise DataError("data.source must not be empty")
-        tokenizer_class(self.tokenizer)  # DataError listing the registered names
+        cls = tokenizer_class(self.tokenizer)  # DataError listing the registered names
+        for option in _TOKENIZER_OPTIONS:
+            if getattr(self, option) is not None and option not in cls.options:
+                takers = ", ".join(name for name, c in TOKENIZERS.items() if option in c.options)
+                raise DataError(
+                    f"data.{option} is an option of learned tokenizers ({takers}), not {cls.name}"
+                )
+        cls.cache_key(**self.tokenizer_options())  # checks the options' values
         if not self.text_column:
             raise DataError("data.text_column must not be empty")
         if not 0.0 < self.val_fraction < 1.0:
@@ -72,3 +89,7 @@ class DataConfig:
             raise DataError(f"data.shard_tokens must be at least 256, got {self.shard_tokens}")
         if self.val_tokens is not None and self.val_tokens < 1:
             raise DataError(f"data.val_tokens must be at least 1 or null, got {self.val_tokens}")
+
+    def tokenizer_options(self) -> dict[str, Any]:
+        """The options the tokenizer is built with, by name (none for a tokenizer without options)."""
+        return {option: getattr(self, option) for option in tokenizer_class(self.tokenizer).options}

@@ -40,6 +40,7 @@ from .corpus import Corpus, resolve_corpus
 from .errors import DataError
 from .prepared import FORMAT_VERSION, META_FILE, PreparedData
 from .shards import Progress, ShardWriter, exclusive, iter_chunks, raw_shard
+from .split import training_text
 from .tokenizer import Tokenizer, available_cores, tokenizer_class, tokenizer_from_spec
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def _cache_key(corpus: Corpus, config: DataConfig) -> str:
     parts = {
         "format_version": FORMAT_VERSION,
         "source": corpus.fingerprint,
-        "tokenizer": tokenizer_class(config.tokenizer).cache_key(),
+        "tokenizer": tokenizer_class(config.tokenizer).cache_key(**config.tokenizer_options()),
         "val_fraction": config.val_fraction,
         "max_tokens": config.max_tokens,
         "shard_tokens": config.shard_tokens,
@@ -141,6 +142,23 @@ def _finalize(config: DataConfig, encoder: Tokenizer, folder: Path, progress: Pr
     return tokenizer
 
 
+def _validation_tokens(config: DataConfig, tokenizer: Tokenizer, folder: Path, progress: Progress) -> int:
+    """``val_fraction`` of the stream's tokens, fewer where the tokenizer learned from text beyond
+    that point: the validation split never holds text a vocabulary was learned from."""
+    total, dtype = progress.tokens, _dtype(tokenizer.n_vocab)
+    shards = (folder / f"shard-{i:05d}.bin" for i in range(len(progress.shard_tokens)))
+    chunks = (chunk for path in shards for chunk in iter_chunks(path, dtype))
+    keep = tokenizer_class(config.tokenizer).train_tokens_at_least(tokenizer, chunks)
+    share = round(total * config.val_fraction)
+    num_val = min(share, total - keep)
+    if num_val < min(share, 1):
+        raise DataError(
+            f"the validation split of {config.source} is empty: all {total:,} tokens are text the"
+            f" {config.tokenizer} tokenizer learned from; use more text or a larger val_fraction"
+        )
+    return num_val
+
+
 def partial_folder(directory: Path) -> Path:
     """Where ``directory`` is prepared until it is complete."""
     return directory.parent / f".partial-{directory.name}"
@@ -165,7 +183,10 @@ def _build(corpus: Corpus, config: DataConfig, directory: Path) -> None:
         )
     threads = config.num_proc or available_cores()
     encoder = tokenizer_class(config.tokenizer).corpus_encoder(
-        corpus.texts(), tokenizer_path=config.tokenizer_path, num_threads=threads
+        training_text(corpus, config.val_fraction, config.max_tokens),
+        tokenizer_path=config.tokenizer_path,
+        num_threads=threads,
+        **config.tokenizer_options(),
     )
     if not progress.complete:
         _tokenize(corpus, config, encoder, folder, progress)
@@ -180,7 +201,7 @@ def _build(corpus: Corpus, config: DataConfig, directory: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         raise DataError(f"{corpus.description} contains no text")
     tokenizer = _finalize(config, encoder, folder, progress)
-    num_val = round(total * config.val_fraction)
+    num_val = _validation_tokens(config, tokenizer, folder, progress)
     meta: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "source": corpus.description,

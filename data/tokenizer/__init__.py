@@ -1,5 +1,5 @@
 """Tokenizers, found by name in a registry: GPT-2's BPE (through tiktoken), the same BPE renumbered over
-the tokens a corpus uses, and a character vocabulary.
+the tokens a corpus uses, a character vocabulary, and a byte-level BPE learned from the corpus.
 
 Every tokenizer can describe itself as a JSON-serialisable :meth:`Tokenizer.spec`; the spec is
 stored with prepared data and in checkpoints so :func:`tokenizer_from_spec` rebuilds exactly the
@@ -25,12 +25,14 @@ from .base import (
 from .gpt2 import GPT2_SPEC, GPT2Tokenizer
 from .compact import CompactGPT2Tokenizer
 from .char import CharTokenizer
+from .bpe import BPETokenizer
 
 # isort: on
 
 __all__ = [
     "GPT2_SPEC",
     "TOKENIZERS",
+    "BPETokenizer",
     "BaseTokenizer",
     "CharTokenizer",
     "CompactGPT2Tokenizer",

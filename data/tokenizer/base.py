@@ -72,6 +72,10 @@ class BaseTokenizer(ABC):
 
     name: ClassVar[str]
     """Registry name; also the ``"name"`` entry of :meth:`spec`."""
+    options: ClassVar[tuple[str, ...]] = ()
+    """``DataConfig`` fields this tokenizer is built with besides the corpus (``bpe``: ``vocab_size``,
+    ``special_tokens``), passed by name to :meth:`build`, :meth:`corpus_encoder` and :meth:`cache_key`;
+    a tokenizer without options is never passed any."""
     n_vocab: int
     eot_id: int | None
 
@@ -157,8 +161,10 @@ class BaseTokenizer(ABC):
     ) -> Tokenizer:
         """The tokenizer ``prepare`` encodes the corpus documents with: by default this class, built.
 
-        A tokenizer whose vocabulary is read off another tokenizer's output returns that other
-        tokenizer here and derives itself in :meth:`from_corpus_tokens`.
+        ``texts`` is the training split's text (:func:`minigpt.data.split.training_text`), read
+        lazily: only a tokenizer that learns its vocabulary from text reads it. A tokenizer whose
+        vocabulary is read off another tokenizer's output returns that other tokenizer here and
+        derives itself in :meth:`from_corpus_tokens`.
         """
         return cls.build(texts, tokenizer_path=tokenizer_path, num_threads=num_threads)
 
@@ -194,6 +200,13 @@ class BaseTokenizer(ABC):
         is not one this class writes. How minigpt reads back a folder that lost its own spec, e.g.
         one transformers' ``save_pretrained`` wrote."""
         return None
+
+    @classmethod
+    def train_tokens_at_least(cls, tokenizer: Tokenizer, token_arrays: Iterator[np.ndarray]) -> int:
+        """How many tokens from the start of the stream must stay in the training split, given the
+        final tokenizer and the finished stream: for a vocabulary learned from text, the tokens of
+        that text, so validation never holds text the tokenizer saw. By default none."""
+        return 0
 
     def _checked_ids(self, ids: Sequence[int]) -> list[int]:
         """``ids`` as Python ints; raises DataError for one outside ``[0, n_vocab)``."""
@@ -283,6 +296,7 @@ def build_tokenizer(
     tokenizer_path: str | None = None,
     texts: Iterable[str] | None = None,
     num_threads: int | None = None,
+    **options: Any,
 ) -> Tokenizer:
     """A new tokenizer by name (see :meth:`BaseTokenizer.build`).
 
@@ -292,9 +306,12 @@ def build_tokenizer(
         texts: The corpus, required by tokenizers whose vocabulary is read off it (``"char"``,
             ``"gpt2-compact"``).
         num_threads: GPT-2 encoding threads per process (default: all available cores).
+        options: The tokenizer's :attr:`~BaseTokenizer.options` (``bpe``: ``vocab_size=4096``).
 
     Raises:
         DataError: Unknown name.
         ValueError: The tokenizer needs ``texts`` and none were given.
     """
-    return tokenizer_class(name).build(texts, tokenizer_path=tokenizer_path, num_threads=num_threads)
+    return tokenizer_class(name).build(
+        texts, tokenizer_path=tokenizer_path, num_threads=num_threads, **options
+    )

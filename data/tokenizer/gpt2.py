@@ -28,6 +28,20 @@ GPT2_SPEC: dict[str, Any] = {
 _SAFE_CUT = re.compile(r"(?<=[!-~]\n)(?=[!-~])")
 
 
+def split_at_safe_breaks(text: str, chunk_chars: int = 1 << 17) -> list[str]:
+    """``text`` in pieces of about ``chunk_chars`` characters, cut only where GPT-2's pre-tokenisation
+    cuts anyway, so encoding the pieces gives the tokens of the whole (and pieces encode in parallel)."""
+    pieces, start = [], 0
+    while len(text) - start > chunk_chars:
+        cut = _SAFE_CUT.search(text, start + chunk_chars)
+        if cut is None:
+            break
+        pieces.append(text[start : cut.start()])
+        start = cut.start()
+    pieces.append(text[start:])
+    return pieces
+
+
 @register_tokenizer
 class GPT2Tokenizer(BaseTokenizer):
     """GPT-2's byte-level BPE: 50257 ids, ``<|endoftext|>`` = 50256, round-trips any string.
@@ -78,23 +92,12 @@ class GPT2Tokenizer(BaseTokenizer):
         # The tokens depend on the ranks file, which the spec names by its hash.
         return dict(GPT2_SPEC)
 
-    def _pieces(self, text: str) -> list[str]:
-        pieces, start = [], 0
-        while len(text) - start > self._chunk_chars:
-            cut = _SAFE_CUT.search(text, start + self._chunk_chars)
-            if cut is None:
-                break
-            pieces.append(text[start : cut.start()])
-            start = cut.start()
-        pieces.append(text[start:])
-        return pieces
-
     def _encode_piece(self, text: str) -> np.ndarray:
         # No special tokens allowed or disallowed: "<|endoftext|>" in the text is plain text.
         return self._encoding.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
     def encode_to_arrays(self, texts: list[str]) -> list[np.ndarray]:
-        pieces_per_text = [self._pieces(text) for text in texts]
+        pieces_per_text = [split_at_safe_breaks(text, self._chunk_chars) for text in texts]
         flat = [piece for pieces in pieces_per_text for piece in pieces]
         if len(flat) == 1 or self._num_threads == 1:
             encoded = [self._encode_piece(piece) for piece in flat]

@@ -133,7 +133,11 @@ def test_a_config_without_a_run_folder_prints_and_uses_the_default_one(
             ["--config", "tiny.yaml", "--model.gpt.n_embd", "100", "--model.gpt.n_head", "3"],
             "n_embd (100) must be divisible by n_head (3)",
         ),
-        (["--config", "tiny.yaml", "--data.config.tokenizer", "bpe"], "unknown tokenizer 'bpe'"),
+        (["--config", "tiny.yaml", "--data.config.tokenizer", "wordpiece"], "unknown tokenizer 'wordpiece'"),
+        (
+            ["--config", "tiny.yaml", "--data.config.tokenizer", "bpe", "--data.config.vocab_size", "100"],
+            "data.vocab_size 100 is too small for bpe: it needs the 256 bytes and 1 special token",
+        ),
         (
             ["--config", "tiny.yaml", "--trainer.gradient_clip_val", "0.5"],
             "set gradient clipping with --model.optim.grad_clip, not --trainer.gradient_clip_val",

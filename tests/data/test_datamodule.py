@@ -160,7 +160,13 @@ def test_too_short_for_the_context_fails_in_prepare_data(tmp_path: Path, data_ca
         ("max_tokens", 0, "max_tokens must be at least 1"),
         ("shard_tokens", 100, "shard_tokens must be at least 256"),
         ("val_tokens", 0, "val_tokens must be at least 1"),
-        ("tokenizer", "bpe", "unknown tokenizer 'bpe'; valid names: gpt2, gpt2-compact, char"),
+        (
+            "tokenizer",
+            "wordpiece",
+            "unknown tokenizer 'wordpiece'; valid names: gpt2, gpt2-compact, char, bpe$",
+        ),
+        ("vocab_size", 4096, "data.vocab_size is an option of learned tokenizers \\(bpe\\), not gpt2$"),
+        ("special_tokens", ("<s>",), "data.special_tokens is an option of learned tokenizers"),
         ("source", "", "source must not be empty"),
     ],
 )

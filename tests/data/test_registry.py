@@ -165,11 +165,11 @@ def test_prepare_derives_a_registered_tokenizer_from_the_corpus_tokens(
 def test_names_and_messages_come_from_the_registry(registered: None) -> None:
     assert DataConfig(tokenizer="test-bytes").tokenizer == "test-bytes"
     assert isinstance(build_tokenizer("test-bytes"), ByteTokenizer)
-    valid = "valid names: gpt2, gpt2-compact, char, test-bytes, test-corpus-bytes"
+    valid = "valid names: gpt2, gpt2-compact, char, bpe, test-bytes, test-corpus-bytes"
     with pytest.raises(DataError, match=valid):
-        DataConfig(tokenizer="bpe")
+        DataConfig(tokenizer="wordpiece")
     with pytest.raises(DataError, match=valid):
-        tokenizer_from_spec({"name": "bpe"})
+        tokenizer_from_spec({"name": "wordpiece"})
 
 
 def test_a_name_is_registered_once() -> None:
@@ -183,8 +183,8 @@ def test_a_name_is_registered_once() -> None:
 
 
 def test_registration_ends_with_its_test() -> None:
-    assert list(TOKENIZERS) == ["gpt2", "gpt2-compact", "char"]
+    assert list(TOKENIZERS) == ["gpt2", "gpt2-compact", "char", "bpe"]
     with pytest.raises(
-        DataError, match="unknown tokenizer 'test-bytes'; valid names: gpt2, gpt2-compact, char$"
+        DataError, match="unknown tokenizer 'test-bytes'; valid names: gpt2, gpt2-compact, char, bpe$"
     ):
         DataConfig(tokenizer="test-bytes")

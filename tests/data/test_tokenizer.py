@@ -18,6 +18,7 @@ from minigpt.data import (
     tokenizer_from_spec,
 )
 from minigpt.data.gpt2_encoding import R50K_PATTERN, encoding_from_ranks
+from minigpt.data.tokenizer.gpt2 import split_at_safe_breaks
 
 TRICKY = "Hello, wörld! 你好 🙂\n\n\tTabs  and   spaces   \r\nend's we'll 1234567 <|endoftext|> x  \n"
 
@@ -46,7 +47,7 @@ def test_gpt2_parallel_chunks_equal_one_pass(gpt2_encoding: tiktoken.Encoding) -
         "First Citizen:\nBefore we proceed any further, hear me speak.  \n\nAll:\nSpeak, speak.\n" * 200
     ) + TRICKY
     chunked = GPT2Tokenizer(gpt2_encoding, chunk_chars=64, num_threads=2)
-    assert len(chunked._pieces(text)) > 10
+    assert len(split_at_safe_breaks(text, 64)) > 10
     assert chunked.encode(text) == gpt2_encoding.encode_ordinary(text)
     batch = chunked.encode_to_arrays([text, "", "x"])
     assert [a.dtype for a in batch] == [np.uint32] * 3
@@ -120,6 +121,6 @@ def test_bad_specs_and_names_raise_data_error() -> None:
         tokenizer_from_spec({"name": "sentencepiece"})
     with pytest.raises(DataError, match="does not know"):
         tokenizer_from_spec({"name": "gpt2", "n_vocab": 50304})
-    with pytest.raises(DataError, match="valid names: gpt2, gpt2-compact, char"):
-        build_tokenizer("bpe")
+    with pytest.raises(DataError, match="valid names: gpt2, gpt2-compact, char, bpe"):
+        build_tokenizer("wordpiece")
     assert isinstance(build_tokenizer("char", texts=["ab"]), CharTokenizer)
