@@ -13,6 +13,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from ..errors import DataError
 from .base import BaseTokenizer, Tokenizer, register_tokenizer, require_texts
 from .gpt2 import split_at_safe_breaks
+from .hf_json import byte_to_char
 
 DEFAULT_VOCAB_SIZE = 4096
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
@@ -38,20 +39,6 @@ def _settings(vocab_size: int | None, special_tokens: Sequence[str] | None) -> t
             f" {len(specials)} special token(s), at least {least}"
         )
     return size, specials
-
-
-def _byte_of_char() -> dict[str, int]:
-    """The byte each of byte-level BPE's 256 printable stand-ins means (GPT-2's table): printable
-    Latin-1 bytes stand for themselves, the others for the characters from U+0100 on, in order."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            table[chr(byte)] = byte
-        else:
-            table[chr(256 + extra)] = byte
-            extra += 1
-    return table
 
 
 @register_tokenizer
@@ -244,7 +231,7 @@ class BPETokenizer(BaseTokenizer):
 
     def token_bytes(self) -> list[bytes]:
         """Every token's bytes, by id; a special token's are its spelling's."""
-        byte_of = _byte_of_char()
+        byte_of = {char: byte for byte, char in byte_to_char().items()}
         out = [b""] * self.n_vocab
         for token, i in self._tokenizer.get_vocab(with_added_tokens=False).items():
             out[i] = bytes(byte_of[char] for char in token)
