@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from minigpt.checkpoints import load_model
 from minigpt.common import UsageError
+from minigpt.common.text import TextStream
 from minigpt.model import generate_tokens, optimize_for_decoding
 from minigpt.training.config import SampleConfig
 
@@ -90,28 +91,3 @@ def generate_main(args: Sequence[str] | None = None) -> int:
         sys.stdout.write(stream.flush() + "\n")
         sys.stdout.flush()
     return 0
-
-
-class TextStream:
-    """Turns a stream of token ids into text pieces, holding back partial UTF-8 characters.
-
-    A BPE token can end in the middle of a multi-byte character; decoding it alone would print
-    a replacement character, so text is released only once it decodes cleanly.
-    """
-
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
-        self._decode = decode
-        self._ids: list[int] = []
-        self._emitted = 0
-
-    def push(self, token: int) -> str:
-        self._ids.append(token)
-        text = self._decode(self._ids)
-        if text.endswith("\ufffd"):
-            return ""
-        piece, self._emitted = text[self._emitted :], len(text)
-        return piece
-
-    def flush(self) -> str:
-        text = self._decode(self._ids)
-        return text[self._emitted :]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minigpt.cli.generate import TextStream
+from minigpt.common.text import TextStream
 from minigpt.data import Tokenizer
 from minigpt.model import GPT, generate_steps
 from minigpt.viz.attention import token_labels

@@ -1,4 +1,4 @@
-from minigpt.cli.generate import TextStream
+from minigpt.common.text import TextStream
 from minigpt.data import CompactGPT2Tokenizer, GPT2Tokenizer
 
 
