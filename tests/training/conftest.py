@@ -49,18 +49,36 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def run_script(
     script: str, *args: str, cwd: Path, timeout: float = 240, env: dict[str, str | None] | None = None
-):
+) -> subprocess.CompletedProcess[str]:
     """Run `python <repo>/<script> args...` as a user would, from `cwd`."""
+    return finish(start_script(script, *args, cwd=cwd, env=env), timeout)
+
+
+def start_script(
+    script: str, *args: str, cwd: Path, env: dict[str, str | None] | None = None
+) -> subprocess.Popen[str]:
+    """`run_script`, started and not waited for."""
     full_env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", **(env or {})}
     full_env = {key: value for key, value in full_env.items() if value is not None}  # None unsets
-    return subprocess.run(
+    return subprocess.Popen(
         [sys.executable, str(REPO / script), *args],
         cwd=cwd,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
         env=full_env,
     )
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """What the started process printed and how it ended (killed after `timeout` seconds)."""
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def tiny_args(corpus: Path, out_dir: Path, *extra: str) -> list[str]:
@@ -134,6 +152,14 @@ def launch(
 ) -> Launch:
     """tiny.yaml and `args`, run from `folder` into `folder/run`; RecordStepLoss (the loss of each
     step) and RecordSaves (each checkpoint file written, by rank) record into `folder/records`."""
+    return Launch(folder, finish(start_launch(corpus, folder, *args, env=env), timeout))
+
+
+def start_launch(
+    corpus: Path, folder: Path, *args: str, env: dict[str, str | None] | None = None
+) -> subprocess.Popen[str]:
+    """`launch`, started and not waited for: two launches that do not depend on each other run at
+    once, the second filling the core the first leaves idle while its rank 1 starts up."""
     records = folder / "records"
     probes = [
         f"--trainer.callbacks+={PROBES}.RecordStepLoss",
@@ -142,8 +168,7 @@ def launch(
         json.dumps([{"class_path": f"{PROBES}.RecordSaves", "init_args": {"folder": str(records)}}]),
     ]
     args = tiny_args(corpus, folder / "run", *args, *probes)
-    result = run_script("train.py", *args, cwd=folder, env={**ENV, **(env or {})}, timeout=timeout)
-    return Launch(folder, result)
+    return start_script("train.py", *args, cwd=folder, env={**ENV, **(env or {})})
 
 
 def record_ranks(folder: Path) -> tuple[str, ...]:
@@ -152,12 +177,46 @@ def record_ranks(folder: Path) -> tuple[str, ...]:
 
 
 @pytest.fixture(scope="session")
-def two_processes(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Launch:
+def same_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Launch, Launch]:
+    """SAME_RUN on two processes and on one, launched at once (see `two_processes`, `one_process`)."""
+    two_folder, one_folder = tmp_path_factory.mktemp("two-processes"), tmp_path_factory.mktemp("one-process")
+    # Two processes, each rank recording what it read (RecordRank), with tiny.yaml's loggers and no
+    # wandb credentials: wandb logs offline, into the run folder.
+    no_credentials = {"WANDB_MODE": None, "WANDB_API_KEY": None, "NETRC": str(two_folder / "no-netrc")}
+    two = start_launch(
+        corpus, two_folder, *SAME_RUN, *ON_TWO, *record_ranks(two_folder / "records"), env=no_credentials
+    )
+    # One process, its loggers listed in a YAML file of their own: tiny.yaml's CSV log and wandb,
+    # and Lightning's CSVLogger writing into `<folder>/elsewhere/extra`. It is logged in to wandb
+    # with WANDB_SECRET, and the server refuses connections (a port bound but not listening),
+    # whatever this machine's network: the run must fall back to offline logging without hanging.
+    loggers = one_folder / "loggers.yaml"
+    loggers.write_text(
+        "trainer:\n"
+        "  logger:\n"
+        "    - class_path: minigpt.training.loggers.CSVLogger\n"
+        "    - class_path: lightning.pytorch.loggers.CSVLogger\n"
+        f"      init_args: {{save_dir: {one_folder / 'elsewhere'}, name: extra}}\n"
+        "    - class_path: minigpt.training.loggers.WandbLogger\n"
+    )
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        env = {
+            "WANDB_MODE": None,
+            "WANDB_API_KEY": WANDB_SECRET,
+            "WANDB_BASE_URL": f"http://127.0.0.1:{closed.getsockname()[1]}",
+            "NETRC": str(one_folder / "no-netrc"),
+        }
+        one = start_launch(corpus, one_folder, "--config", str(loggers), *SAME_RUN, *ON_ONE, env=env)
+        one_done = Launch(one_folder, finish(one, timeout=120))
+    return Launch(two_folder, finish(two)), one_done
+
+
+@pytest.fixture(scope="session")
+def two_processes(same_run: tuple[Launch, Launch]) -> Launch:
     """SAME_RUN on two processes, each rank recording what it read (RecordRank), with tiny.yaml's
     loggers and no wandb credentials: wandb logs offline, into the run folder."""
-    folder = tmp_path_factory.mktemp("two-processes")
-    no_credentials = {"WANDB_MODE": None, "WANDB_API_KEY": None, "NETRC": str(folder / "no-netrc")}
-    two = launch(corpus, folder, *SAME_RUN, *ON_TWO, *record_ranks(folder / "records"), env=no_credentials)
+    two = same_run[0]
     assert two.result.returncode == 0, two.result.stderr[-3000:]
     assert (
         "global batch 1,024 tokens (micro-batch 8 x 64 tokens x 1 accumulated x 2 processes)"
@@ -167,48 +226,42 @@ def two_processes(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Lau
 
 
 @pytest.fixture(scope="session")
-def one_process(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Launch:
+def one_process(same_run: tuple[Launch, Launch]) -> Launch:
     """SAME_RUN on one process, its loggers listed in a YAML file of their own: tiny.yaml's CSV log
     and wandb, and Lightning's CSVLogger writing into `<folder>/elsewhere/extra`. It is logged in to
     wandb with WANDB_SECRET, and the server refuses connections (a port bound but not listening),
     whatever this machine's network: the run must fall back to offline logging without hanging."""
-    folder = tmp_path_factory.mktemp("one-process")
-    loggers = folder / "loggers.yaml"
-    loggers.write_text(
-        "trainer:\n"
-        "  logger:\n"
-        "    - class_path: minigpt.training.loggers.CSVLogger\n"
-        "    - class_path: lightning.pytorch.loggers.CSVLogger\n"
-        f"      init_args: {{save_dir: {folder / 'elsewhere'}, name: extra}}\n"
-        "    - class_path: minigpt.training.loggers.WandbLogger\n"
-    )
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        env = {
-            "WANDB_MODE": None,
-            "WANDB_API_KEY": WANDB_SECRET,
-            "WANDB_BASE_URL": f"http://127.0.0.1:{closed.getsockname()[1]}",
-            "NETRC": str(folder / "no-netrc"),
-        }
-        one = launch(corpus, folder, "--config", str(loggers), *SAME_RUN, *ON_ONE, env=env, timeout=120)
+    one = same_run[1]
     assert one.result.returncode == 0, one.result.stderr[-3000:]
     return one
 
 
 @pytest.fixture(scope="session")
-def with_dropout(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Launch:
-    """WITH_DROPOUT straight through; its exit status is the test's to check."""
-    return launch(corpus, tmp_path_factory.mktemp("with-dropout"), *WITH_DROPOUT)
+def dropout_runs(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Launch, Launch]:
+    """`with_dropout` and `stopped_with_dropout`, launched at once."""
+    straight_folder = tmp_path_factory.mktemp("with-dropout")
+    stopped_folder = tmp_path_factory.mktemp("stopped-with-dropout")
+    straight = start_launch(corpus, straight_folder, *WITH_DROPOUT)
+    stop = (f"--trainer.callbacks+={FAULTS}.SignalAt", "--trainer.callbacks.step=1")
+    stop += (f"--trainer.callbacks.signum={int(signal.SIGTERM)}", "--trainer.callbacks.rank=1")
+    stopped = start_launch(
+        corpus, stopped_folder, *WITH_DROPOUT, *stop, *record_ranks(stopped_folder / "records")
+    )
+    stopped_done = Launch(stopped_folder, finish(stopped, timeout=180))
+    return Launch(straight_folder, finish(straight)), stopped_done
 
 
 @pytest.fixture(scope="session")
-def stopped_with_dropout(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Launch:
+def with_dropout(dropout_runs: tuple[Launch, Launch]) -> Launch:
+    """WITH_DROPOUT straight through; its exit status is the test's to check."""
+    return dropout_runs[0]
+
+
+@pytest.fixture(scope="session")
+def stopped_with_dropout(dropout_runs: tuple[Launch, Launch]) -> Launch:
     """WITH_DROPOUT with SIGTERM to rank 1 as the second step starts: both ranks finish that step,
     save it and stop. Each rank records its process id (RecordRank)."""
-    folder = tmp_path_factory.mktemp("stopped-with-dropout")
-    stop = (f"--trainer.callbacks+={FAULTS}.SignalAt", "--trainer.callbacks.step=1")
-    stop += (f"--trainer.callbacks.signum={int(signal.SIGTERM)}", "--trainer.callbacks.rank=1")
-    return launch(corpus, folder, *WITH_DROPOUT, *stop, *record_ranks(folder / "records"), timeout=180)
+    return dropout_runs[1]
 
 
 @pytest.fixture(scope="session")
@@ -219,3 +272,30 @@ def resumed_with_dropout(
     folder = tmp_path_factory.mktemp("resumed-with-dropout")
     shutil.copytree(stopped_with_dropout.run, folder / "run")
     return launch(corpus, folder, *WITH_DROPOUT, "--ckpt_path", "last")
+
+
+FSDP_STRATEGY = {
+    "class_path": f"{PROBES}.CPUFSDPStrategy",
+    "init_args": {
+        "auto_wrap_policy": ["minigpt.model.gpt.Block"],
+        "activation_checkpointing_policy": ["minigpt.model.gpt.Block"],
+        "state_dict_type": "sharded",
+    },
+}
+"""Lightning's FSDPStrategy with gpt2-medium.yaml's settings, on CPU processes (see CPUFSDPStrategy)."""
+
+
+@pytest.fixture(scope="session")
+def fsdp_and_diverged(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Launch, Launch]:
+    """Two more runs on two processes, launched at once: SAME_RUN under FSDP (`FSDP_STRATEGY`,
+    weight decay on), and tiny.yaml with rank 1's weights poisoned at step 3 (PoisonWeights), each
+    rank recording its process id (RecordRank)."""
+    fsdp_folder, diverged_folder = tmp_path_factory.mktemp("fsdp"), tmp_path_factory.mktemp("diverged")
+    fsdp = ("--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.limit_val_batches", "2")
+    fsdp += ("--trainer.strategy", json.dumps(FSDP_STRATEGY))
+    sharded = start_launch(corpus, fsdp_folder, *SAME_RUN, *fsdp)
+    poison = (f"--trainer.callbacks+={FAULTS}.PoisonWeights", "--trainer.callbacks.step=3")
+    poison += ("--trainer.callbacks.rank=1", *record_ranks(diverged_folder / "records"))
+    diverged = start_launch(corpus, diverged_folder, *DDP, *poison)
+    diverged_done = Launch(diverged_folder, finish(diverged, timeout=180))
+    return Launch(fsdp_folder, finish(sharded)), diverged_done

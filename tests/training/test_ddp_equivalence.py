@@ -17,7 +17,7 @@ import torch
 
 from minigpt.checkpoints import MODEL_KEY, load_model
 
-from .conftest import PROBES, SAME_RUN, Launch, launch
+from .conftest import Launch
 from .test_train_generate import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -103,22 +103,12 @@ def test_a_stopped_two_process_run_resumes_to_the_same_weights(
 
 
 def test_fsdp_on_two_cpu_processes_follows_ddp_and_writes_readable_shards(
-    two_processes: Launch, corpus: Path, tmp_path: Path
+    two_processes: Launch, fsdp_and_diverged: tuple[Launch, Launch]
 ) -> None:
-    # Lightning's FSDPStrategy with gpt2-medium.yaml's settings, on CPU processes (see CPUFSDPStrategy).
+    # Lightning's FSDPStrategy with gpt2-medium.yaml's settings, on CPU processes (FSDP_STRATEGY).
     # Weight decay stays on (tiny.yaml's 0.1): the optimizer picks the decayed parameters by their
     # module, so FSDP's flat 1-D shards are decayed as DDP's matrices are.
-    strategy = {
-        "class_path": f"{PROBES}.CPUFSDPStrategy",
-        "init_args": {
-            "auto_wrap_policy": ["minigpt.model.gpt.Block"],
-            "activation_checkpointing_policy": ["minigpt.model.gpt.Block"],
-            "state_dict_type": "sharded",
-        },
-    }
-    fsdp = ("--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.limit_val_batches", "2")
-    fsdp += ("--trainer.strategy", json.dumps(strategy))
-    sharded = launch(corpus, tmp_path, *SAME_RUN, *fsdp)
+    sharded = fsdp_and_diverged[0]
     assert sharded.result.returncode == 0, sharded.result.stderr[-3000:]
     # Gradients clipped by their global norm (clipping is at work in these steps), as under DDP.
     assert step_losses(sharded.records) == pytest.approx(step_losses(two_processes.records), rel=TOLERANCE)

@@ -21,7 +21,7 @@ from wandb.proto.wandb_internal_pb2 import Record
 from minigpt.data import DataConfig, prepare
 from minigpt.data.windows import train_offsets
 
-from .conftest import DDP, ENV, FAULTS, PROBES, WANDB_SECRET, Launch, run_script, tiny_args
+from .conftest import WANDB_SECRET, Launch
 from .test_train_generate import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -174,19 +174,16 @@ def test_sigterm_to_one_rank_saves_and_stops_every_rank(stopped_with_dropout: La
         assert_gone(record["pid"])
 
 
-def test_divergence_on_one_rank_stops_every_rank(corpus: Path, tmp_path: Path) -> None:
-    ranks = tmp_path / "ranks"
-    poison = (f"--trainer.callbacks+={FAULTS}.PoisonWeights", "--trainer.callbacks.step=3")
-    poison += ("--trainer.callbacks.rank=1", f"--trainer.callbacks+={PROBES}.RecordRank")
-    args = tiny_args(corpus, tmp_path / "run", *DDP, *poison, f"--trainer.callbacks.folder={ranks}")
-    result = run_script("train.py", *args, cwd=tmp_path, env=ENV, timeout=180)
+def test_divergence_on_one_rank_stops_every_rank(fsdp_and_diverged: tuple[Launch, Launch]) -> None:
+    diverged = fsdp_and_diverged[1]  # rank 1's weights poisoned at step 3
+    result = diverged.result
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert result.returncode == 1, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert errors == [
         "error: training diverged: the loss became nan on rank 1 at step 3; no checkpoint was written"
     ]
-    for record in read_ranks(ranks):
+    for record in read_ranks(diverged.records):
         assert_gone(record["pid"])
 
 
