@@ -214,8 +214,7 @@ def same_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[La
 
 @pytest.fixture(scope="session")
 def two_processes(same_run: tuple[Launch, Launch]) -> Launch:
-    """SAME_RUN on two processes, each rank recording what it read (RecordRank), with tiny.yaml's
-    loggers and no wandb credentials: wandb logs offline, into the run folder."""
+    """`same_run`'s launch on two processes, which must have split the global batch between them."""
     two = same_run[0]
     assert two.result.returncode == 0, two.result.stderr[-3000:]
     assert (
@@ -227,10 +226,7 @@ def two_processes(same_run: tuple[Launch, Launch]) -> Launch:
 
 @pytest.fixture(scope="session")
 def one_process(same_run: tuple[Launch, Launch]) -> Launch:
-    """SAME_RUN on one process, its loggers listed in a YAML file of their own: tiny.yaml's CSV log
-    and wandb, and Lightning's CSVLogger writing into `<folder>/elsewhere/extra`. It is logged in to
-    wandb with WANDB_SECRET, and the server refuses connections (a port bound but not listening),
-    whatever this machine's network: the run must fall back to offline logging without hanging."""
+    """`same_run`'s launch on one process, with loggers of its own and a wandb server that refuses."""
     one = same_run[1]
     assert one.result.returncode == 0, one.result.stderr[-3000:]
     return one
