@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 import torch
 
 from minigpt.cli.train import train_main
 
-from .conftest import REPO, run_script, tiny_args
+from .conftest import REPO, finish, start_script, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -29,38 +30,53 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, weights_only=True)["state_dict"]
 
 
-# SIGINT here; SIGTERM in a real process is the two-process test's (test_logging_ddp.py), and
-# test_resume.py's in-process run checks its exit status and checkpoint.
-@pytest.mark.parametrize("signum", [signal.SIGINT])
-def test_a_signal_saves_a_checkpoint_and_exits_cleanly(corpus: Path, tmp_path: Path, signum: int) -> None:
-    args = tiny_args(
-        corpus,
-        tmp_path / "run",
-        f"--trainer.callbacks+={FAULTS}.SignalAt",
-        "--trainer.callbacks.step=7",
-        f"--trainer.callbacks.signum={int(signum)}",
-    )
-    result = run_script("train.py", *args, cwd=tmp_path, env=ENV)
-    assert result.returncode == 128 + signum, result.stderr[-2000:]
+Ended = dict[str, tuple[Path, CompletedProcess[str]]]
+"""Each run's folder and how it ended, by name."""
+
+SIGNAL_RUNS = {
+    "once SIGINT": ("SignalAt", signal.SIGINT),
+    "twice SIGINT": ("SignalTwiceAt", signal.SIGINT),
+    "twice SIGTERM": ("SignalTwiceAt", signal.SIGTERM),
+}
+"""train.py runs signalled during step 7, each in a process of its own. A single SIGTERM in a real
+process is the two-process test's (test_logging_ddp.py), and test_resume.py's in-process run
+checks its exit status and checkpoint."""
+
+
+@pytest.fixture(scope="module")
+def signalled(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Ended:
+    """Each of SIGNAL_RUNS: its run folder and how it ended. The three run at once."""
+    started = {}
+    for name, (fault, signum) in SIGNAL_RUNS.items():
+        folder = tmp_path_factory.mktemp(name.replace(" ", "-"))
+        args = tiny_args(
+            corpus,
+            folder / "run",
+            f"--trainer.callbacks+={FAULTS}.{fault}",
+            "--trainer.callbacks.step=7",
+            f"--trainer.callbacks.signum={int(signum)}",
+        )
+        started[name] = (folder / "run", start_script("train.py", *args, cwd=folder, env=ENV))
+    return {name: (run, finish(process)) for name, (run, process) in started.items()}
+
+
+def test_a_signal_saves_a_checkpoint_and_exits_cleanly(
+    signalled: Ended,
+) -> None:
+    run, result = signalled["once SIGINT"]
+    assert result.returncode == 128 + signal.SIGINT, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
-    assert f"stopped by {signal.Signals(signum).name}: saved step 8" in result.stderr
-    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert "stopped by SIGINT: saved step 8" in result.stderr
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["global_step"] == 8  # the step in progress was finished, then saved
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_second_signal_stops_at_once(corpus: Path, tmp_path: Path, signum: int) -> None:
+def test_a_second_signal_stops_at_once(signalled: Ended, signum: signal.Signals) -> None:
     # Both signals arrive during step 7: the first asks to finish it and save, the second to stop now.
-    args = tiny_args(
-        corpus,
-        tmp_path / "run",
-        f"--trainer.callbacks+={FAULTS}.SignalTwiceAt",
-        "--trainer.callbacks.step=7",
-        f"--trainer.callbacks.signum={int(signum)}",
-    )
-    result = run_script("train.py", *args, cwd=tmp_path, env=ENV)
+    run, result = signalled[f"twice {signum.name}"]
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists()  # step 7 was neither finished nor saved
+    assert not (run / "checkpoints").exists()  # step 7 was neither finished nor saved
     assert "saved step" not in result.stderr
     assert result.returncode == 128 + signum, result.stderr[-2000:]  # interrupted, not failed
 
