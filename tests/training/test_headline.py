@@ -105,14 +105,15 @@ def test_the_headline_run_as_shipped_with_learned_bpe_tokens(
     corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = tmp_path / "run"
-    args = small_args(corpus, run, "--data.config.vocab_size", "384")  # the plays take 4,096; this text 443
-    result = run_script("train.py", *args, cwd=tmp_path, env={"WANDB_MODE": "offline"})
+    # 384 ids: this text supports 443 (the plays take 4,096).
+    train_args = small_args(corpus, run, "--data.config.vocab_size", "384")
+    result = run_script("train.py", *train_args, cwd=tmp_path, env={"WANDB_MODE": "offline"})
     assert result.returncode == 0, result.stderr[-3000:]
     check_run(run, result.stdout + result.stderr, "bpe")
     assert len(list((run / "wandb").glob("offline-run-*"))) == 1
 
     # generate.py streams BPE tokens as text, holding back the bytes of unfinished characters: what
-    # it prints is the generated tokens decoded at once, with or without the cache.
+    # it prints is the generated tokens decoded at once.
     args = ["--checkpoint", str(run), "--prompt", "ROMEO:", "--max_new_tokens", "40", "--seed", "3"]
     streamed = run_script("generate.py", *args, cwd=tmp_path)
     assert streamed.returncode == 0, streamed.stderr[-2000:]
