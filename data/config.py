@@ -19,9 +19,10 @@ class DataConfig:
     """Corpus: "shakespeare" (built in), a .txt/.jsonl/.json/.parquet file or folder, or a hub dataset."""
     tokenizer: str = "gpt2"
     """Tokenizer: "gpt2" (GPT-2 BPE, 50257 ids), "gpt2-compact" (GPT-2 BPE renumbered over the tokens
-    the corpus uses: the same tokens, a much smaller embedding and LM head), "char" (one id per
-    character of the corpus), "bpe" (a byte-level BPE learned from the training split, vocab_size
-    ids), or the name of any tokenizer registered with register_tokenizer."""
+    the corpus uses and those merged on the way to them: the same tokens on the corpus, a much
+    smaller embedding and LM head), "char" (one id per character of the corpus), "bpe" (a
+    byte-level BPE learned from the training split, vocab_size ids), or the name of any tokenizer
+    registered with register_tokenizer."""
     vocab_size: int | None = None
     """Ids of a learned tokenizer (bpe): the 256 bytes, the special tokens and the merges learned
     (null: 4096). Other tokenizers take their size from their vocabulary."""

@@ -12,8 +12,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from ..errors import DataError
 from .base import BaseTokenizer, Tokenizer, register_tokenizer, require_texts
-from .gpt2 import split_at_safe_breaks
-from .hf_json import byte_to_char
+from .hf_json import byte_to_char, encode_with
 
 DEFAULT_VOCAB_SIZE = 4096
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
@@ -208,16 +207,7 @@ class BPETokenizer(BaseTokenizer):
         return self._tokenizer.to_str()
 
     def encode_to_arrays(self, texts: list[str]) -> list[np.ndarray]:
-        pieces = [split_at_safe_breaks(text) for text in texts]
-        flat = [piece for parts in pieces for piece in parts]
-        # encode_batch_fast skips offsets and spreads the batch over the library's threads.
-        encoded = self._tokenizer.encode_batch_fast(flat, add_special_tokens=False) if flat else []
-        out, i = [], 0
-        for parts in pieces:
-            ids = [np.asarray(e.ids, dtype=np.uint32) for e in encoded[i : i + len(parts)]]
-            out.append(np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint32))
-            i += len(parts)
-        return out
+        return encode_with(self._tokenizer, texts)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(self._checked_ids(ids), skip_special_tokens=False)

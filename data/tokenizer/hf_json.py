@@ -6,13 +6,21 @@ ids renumbered (`byte_level_bpe_json`). GPT-2's BPE is described by its tokens' 
 order (tiktoken's view); Hugging Face's by a token -> id map and the merges, with every byte
 written as a printable character (`byte_to_char`). The merge that makes a token is found by
 running byte-pair encoding on its bytes with only the merges ranked before it (`merge_of`).
+`encode_with` encodes texts with such a tokenizer, as minigpt's tokenizers built on one do.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .gpt2 import split_at_safe_breaks
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as HFTokenizer
 
 
 def byte_to_char() -> dict[int, str]:
@@ -115,21 +123,44 @@ def byte_level_vocabulary(hf_json: dict[str, Any]) -> tuple[dict[int, bytes], di
     return tokens, special
 
 
-def byte_level_bpe_json(tokens: Sequence[bytes], ids: Sequence[int], special: dict[str, int]) -> str:
+def byte_level_bpe_json(
+    tokens: Sequence[bytes],
+    ids: Sequence[int],
+    special: dict[str, int],
+    merges: Sequence[tuple[bytes, bytes]] | None = None,
+) -> str:
     """GPT-2's byte-level BPE over `tokens` (every token's bytes, in rank order), token `tokens[r]`
     numbered `ids[r]`, with the special tokens `special` (text -> id) added.
 
-    Special tokens in text are read as plain text, as minigpt's GPT-2 tokenizers read them;
-    `tokenizer_config.json` says so to transformers (`split_special_tokens`).
+    `merges` are the pairs to merge, in rank order, when the caller has them (None: `bpe_merges`
+    of `tokens`); each must make a token of `tokens`. Special tokens in text are read as plain
+    text, as minigpt's GPT-2 tokenizers read them; `tokenizer_config.json` says so to
+    transformers (`split_special_tokens`).
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     table = byte_to_char()
     vocab = {as_text(token, table): token_id for token, token_id in zip(tokens, ids, strict=True)}
     vocab |= special
-    merges = [(as_text(left, table), as_text(right, table)) for left, right in bpe_merges(tokens)]
-    tokenizer = Tokenizer(models.BPE(vocab, merges))
+    pairs = bpe_merges(tokens) if merges is None else merges
+    written = [(as_text(left, table), as_text(right, table)) for left, right in pairs]
+    tokenizer = Tokenizer(models.BPE(vocab, written))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([AddedToken(text, special=True, normalized=False) for text in special])
     return tokenizer.to_str()
+
+
+def encode_with(tokenizer: HFTokenizer, texts: list[str]) -> list[np.ndarray]:
+    """The ids (1-D uint32) a byte-level ``tokenizers`` BPE gives each text, long texts cut where
+    GPT-2's pre-tokenisation cuts anyway (:func:`split_at_safe_breaks`), all pieces in one batch."""
+    pieces = [split_at_safe_breaks(text) for text in texts]
+    flat = [piece for parts in pieces for piece in parts]
+    # encode_batch_fast skips offsets and spreads the batch over the library's threads.
+    encoded = tokenizer.encode_batch_fast(flat, add_special_tokens=False) if flat else []
+    out, i = [], 0
+    for parts in pieces:
+        ids = [np.asarray(e.ids, dtype=np.uint32) for e in encoded[i : i + len(parts)]]
+        out.append(np.concatenate(ids) if ids else np.zeros(0, dtype=np.uint32))
+        i += len(parts)
+    return out
