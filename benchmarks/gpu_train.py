@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Training-step speed on a CUDA GPU at GPT-2 small's shape: ours eager and compiled, with AdamW
-and with Muon, next to transformers' `GPT2LMHeadModel` at the same shape, in one run.
+and with Muon (torch's polynomial over five Newton-Schulz steps, and `polar_express` over three),
+next to transformers' `GPT2LMHeadModel` at the same shape, in one run.
 
 A step is what `train.py` does per optimizer step at accumulation 1: forward and loss under bf16
 autocast (Lightning's `bf16-mixed`), backward, gradient clipping, the optimizer's step and
@@ -185,7 +186,7 @@ def table(rows: list[Row], tokens: int, flops_per_token: int, peak: float) -> st
     for r in rows:
         rate = tokens / r.step_s
         cost = ""
-        if r.optimizer == "muon" and (r.model, r.compiled) in adamw:
+        if r.optimizer.startswith("muon") and (r.model, r.compiled) in adamw:
             extra = r.step_s - adamw[(r.model, r.compiled)]
             cost = f"{extra * 1e3:+.1f} ms ({extra / adamw[(r.model, r.compiled)]:+.1%})"
         optimizer = f"{r.optimizer_s * 1e3:.1f}"
@@ -220,7 +221,13 @@ def main() -> None:
         raise SystemExit(f"error: {args.config} leaves model.gpt.vocab_size to the tokenizer; set it")
     batch = args.batch or int(config["data"]["config"]["batch_size"])
     adamw = OptimConfig(**{**config["model"].get("optim", {}), "optimizer": "adamw"})
-    optimizers = {"adamw": adamw, "muon": replace(adamw, optimizer="muon")}
+    optimizers = {
+        "adamw": adamw,
+        "muon": replace(adamw, optimizer="muon"),  # torch's polynomial, 5 steps
+        "muon polar_express 3": replace(
+            adamw, optimizer="muon", muon_ns_coefficients="polar_express", muon_ns_steps=3
+        ),
+    }
     generator = torch.Generator(device="cuda").manual_seed(0)
     ids = [
         torch.randint(gpt.vocab_size, (batch, gpt.context_length + 1), device="cuda", generator=generator)

@@ -7,6 +7,8 @@ from typing import Any
 
 from minigpt.model import ConfigError, check_sampling
 
+from .muon import NS_COEFFICIENTS
+
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 
@@ -47,6 +49,10 @@ class OptimConfig:
     muon_ns_steps: int = 5
     """Muon's Newton-Schulz iterations per step (each costs about three matrix products per
     weight matrix; fewer orthogonalise less exactly)."""
+    muon_ns_coefficients: str = "jordan"
+    """The Newton-Schulz polynomials: "jordan", Keller Jordan's (a, b, c) at every step, as
+    torch's Muon; "polar_express", one polynomial per step, each the best for the range the last
+    one left (Amsel et al., 2025), which orthogonalises more in the same steps."""
     schedule: str = "cosine"
     """"cosine": after warmup, cosine decay to `min_lr`; "wsd" (warmup-stable-decay): `lr` held
     until the last `decay_fraction` of the steps, then a linear decay to `min_lr`."""
@@ -78,6 +84,11 @@ class OptimConfig:
             raise ConfigError(f"optim muon_lr must be positive, got {self.muon_lr}")
         if not 1 <= self.muon_ns_steps < 100:
             raise ConfigError(f"optim muon_ns_steps must be in [1, 100), got {self.muon_ns_steps}")
+        if self.muon_ns_coefficients not in NS_COEFFICIENTS:
+            raise ConfigError(
+                f"optim muon_ns_coefficients must be one of {', '.join(NS_COEFFICIENTS)},"
+                f" got {self.muon_ns_coefficients!r}"
+            )
         if not 0 <= self.muon_momentum < 1:
             raise ConfigError(f"optim muon_momentum must be in [0, 1), got {self.muon_momentum}")
         for name in ("beta1", "beta2"):

@@ -15,7 +15,7 @@ from .precision import fast_matmul_dtype
 
 class Muon(torch.optim.Muon):
     """`torch.optim.Muon` with the same update, options and state (a checkpoint of one loads into
-    the other), computed differently in three ways:
+    the other), computed differently in three ways, and one option more:
 
     - **Precision.** torch orthogonalises in bf16 on every device, and a CPU without native bf16
       emulates bf16 products: a 256x1024 matrix's five Newton-Schulz steps take ~0.7 s instead of
@@ -29,6 +29,10 @@ class Muon(torch.optim.Muon):
       128 x 128 in half the time; at 256 x 256 no faster, no slower).
     - **The Gram form in fp32.** Matrices at least twice as wide as tall (the MLP's) iterate on
       their small Gram matrix, the same polynomial with ~40% fewer FLOPs (`newton_schulz`).
+    - **A polynomial per step.** `ns_coefficients` may also be a sequence of (a, b, c), one per
+      Newton-Schulz step (`NS_COEFFICIENTS["polar_express"]`): four such steps leave the singular
+      values in a narrower band than torch's single polynomial does in five. A group holding such
+      a sequence is ours alone: torch's Muon cannot step it.
     """
 
     def __init__(self, params: Any, *, ns_dtype: torch.dtype | None = None, **options: Any) -> None:
@@ -56,7 +60,8 @@ class Muon(torch.optim.Muon):
             torch._foreach_lerp_(buffers, grads, 1 - momentum)
             updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
             dtype = self.orthogonalisation_dtype(params[0].device)
-            updates = orthogonalise(updates, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+            coefficients = ns_schedule(group["ns_coefficients"], group["ns_steps"])
+            updates = orthogonalise(updates, coefficients, group["eps"], dtype)
             lr = float(group["lr"])
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
             # One foreach call per step size (a shape's), not one add per parameter: at small
@@ -82,15 +87,47 @@ def _lr_scale(adjust_lr_fn: str | None, shape: torch.Size) -> float:
     return 1.0
 
 
+Coefficients = tuple[float, float, float]
+"""(a, b, c) of one Newton-Schulz step, X <- a X + b A X + c A^2 X with A = X X^T."""
+
+NS_COEFFICIENTS: dict[str, Coefficients | tuple[Coefficients, ...]] = {
+    # Keller Jordan's, torch's default: one polynomial for every step, chosen to grow small
+    # singular values fast; five steps leave those from 0.003 up (relative to the Frobenius norm)
+    # in 0.68-1.20.
+    "jordan": (3.4445, -4.7750, 2.0315),
+    # One polynomial per step (Amsel et al., "The Polar Express", 2025): each the odd quintic
+    # closest to 1 in the worst case over the range of singular values the previous steps left,
+    # starting from [0.003, 1], shrunk 1% against rounding. Three steps leave that range in
+    # 0.35-1.65, four in 0.79-1.21, five in 0.99-1.01 (tests/training/test_muon.py). Derived by
+    # `python benchmarks/ns_coefficients.py`.
+    "polar_express": (
+        (8.300667, -24.037544, 17.466134),
+        (4.005857, -2.925287, 0.542360),
+        (3.484016, -2.561413, 0.502365),
+        (2.490433, -1.806779, 0.421057),
+        (1.910635, -1.276908, 0.367761),
+    ),
+}
+
+
+def ns_schedule(coefficients: Coefficients | Sequence[Coefficients], steps: int) -> list[Coefficients]:
+    """The (a, b, c) of each of `steps` Newton-Schulz steps: one triple serves every step (torch's
+    form, also what a torch Muon checkpoint holds); a sequence of triples gives one per step and
+    repeats its last beyond its length."""
+    if len(coefficients) == 3 and not isinstance(coefficients[0], Sequence):
+        return [tuple(coefficients)] * steps  # type: ignore[list-item]
+    per_step = [tuple(c) for c in coefficients]
+    return [per_step[min(i, len(per_step) - 1)] for i in range(steps)]  # type: ignore[misc]
+
+
 def orthogonalise(
     matrices: Sequence[Tensor],
-    coefficients: tuple[float, float, float],
-    steps: int,
+    coefficients: Sequence[Coefficients],
     eps: float,
     dtype: torch.dtype,
 ) -> list[Tensor]:
-    """Each matrix's approximate orthogonalisation: `steps` of torch's quintic Newton-Schulz
-    iteration in `dtype`, the same arithmetic as `torch.optim.Muon`'s, on a (N, rows, cols) stack
+    """Each matrix's approximate orthogonalisation: one quintic Newton-Schulz step per entry of
+    `coefficients` in `dtype`, the same arithmetic as `torch.optim.Muon`'s, on a (N, rows, cols) stack
     per shape. Returns the results in the input's order and shapes, in `dtype`."""
     by_shape: dict[tuple[int, int], list[int]] = {}
     for i, matrix in enumerate(matrices):
@@ -99,7 +136,7 @@ def orthogonalise(
     for indices in by_shape.values():
         # The iteration's products are (rows x rows): orient every matrix wide, rows <= cols.
         stack = torch.stack([_wide(matrices[i]).to(dtype) for i in indices])
-        stack = newton_schulz(stack, coefficients, steps, eps)
+        stack = newton_schulz(stack, coefficients, eps)
         for k, i in enumerate(indices):
             out[i] = stack[k] if matrices[i].size(0) <= matrices[i].size(1) else stack[k].T
     return out
@@ -109,25 +146,24 @@ def _wide(matrix: Tensor) -> Tensor:
     return matrix if matrix.size(0) <= matrix.size(1) else matrix.T
 
 
-def newton_schulz(stack: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
+def newton_schulz(stack: Tensor, coefficients: Sequence[Coefficients], eps: float) -> Tensor:
     """X <- a X + (b A + c A^2) X with A = X X^T, on a (N, rows, cols) stack of wide matrices,
     each first scaled to unit Frobenius norm so its spectral norm is at most 1. The singular values
     move towards 1 (roughly into 0.5-1.5 after five steps, as in torch's and Keller Jordan's).
 
     In fp32, matrices at least twice as wide as tall take the same steps on the small Gram matrix
     instead (`_newton_schulz_gram`), which does fewer products."""
-    a, b, c = coefficients
     x = stack / torch.linalg.matrix_norm(stack, keepdim=True).clamp(min=eps)
     if stack.dtype == torch.float32 and stack.size(-1) >= 2 * stack.size(-2):
-        return _newton_schulz_gram(x, coefficients, steps)
-    for _ in range(steps):
+        return _newton_schulz_gram(x, coefficients)
+    for a, b, c in coefficients:
         gram = x @ x.mT  # (N, rows, rows)
         polynomial = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
         x = torch.baddbmm(x, polynomial, x, beta=a)
     return x
 
 
-def _newton_schulz_gram(x: Tensor, coefficients: tuple[float, float, float], steps: int) -> Tensor:
+def _newton_schulz_gram(x: Tensor, coefficients: Sequence[Coefficients]) -> Tensor:
     """The same iteration, carried out on (rows x rows) matrices only.
 
     Each step multiplies X by P = a I + b A + c A^2, a polynomial in A = X X^T, so after k steps
@@ -136,10 +172,10 @@ def _newton_schulz_gram(x: Tensor, coefficients: tuple[float, float, float], ste
     2 rows^2 cols once (A_0 and Q X_0): at 4x as wide as tall, ~40% fewer FLOPs. Its rounding
     differs from the direct iteration's by ~1e-6 in fp32; in bf16 the repeated products of A
     drift, so bf16 keeps the direct iteration."""
-    a, b, c = coefficients
     gram = x @ x.mT  # (N, rows, rows)
     product = None
-    for step in range(steps):
+    steps = len(coefficients)
+    for step, (a, b, c) in enumerate(coefficients):
         polynomial = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
         polynomial.diagonal(dim1=-2, dim2=-1).add_(a)
         product = polynomial if product is None else polynomial @ product

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .config import OptimConfig
-from .muon import Muon
+from .muon import NS_COEFFICIENTS, Muon
 
 
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
@@ -43,6 +43,7 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
         weight_decay=config.weight_decay,
         momentum=config.muon_momentum,
         ns_steps=config.muon_ns_steps,
+        ns_coefficients=NS_COEFFICIENTS[config.muon_ns_coefficients],
         adjust_lr_fn="original",
     )
     return MuonWithAdamW(muon, adamw)

@@ -53,7 +53,7 @@ def test_bf16_orthogonalisation_on_cuda_is_nearly_orthogonal() -> None:
     spread = torch.logspace(-1, 1, 128)  # singular values from 0.1 to 10: a gradient's spread
     matrices = [with_singular_values(r, c, spread).cuda() for r, c in [(128, 128), (512, 128), (128, 512)]]
     for matrix, result in zip(
-        matrices, orthogonalise(matrices, COEFFICIENTS, 5, 1e-7, torch.bfloat16), strict=True
+        matrices, orthogonalise(matrices, [COEFFICIENTS] * 5, 1e-7, torch.bfloat16), strict=True
     ):
         assert result.shape == matrix.shape and result.dtype == torch.bfloat16
         singular = torch.linalg.svdvals(result.float())

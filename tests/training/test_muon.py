@@ -11,7 +11,7 @@ import torch
 from minigpt.model import GPT, ConfigError, GPTConfig
 from minigpt.training import precision
 from minigpt.training.config import OptimConfig
-from minigpt.training.muon import Muon, newton_schulz, orthogonalise
+from minigpt.training.muon import NS_COEFFICIENTS, Muon, newton_schulz, ns_schedule, orthogonalise
 from minigpt.training.optim import MuonWithAdamW, build_optimizer, build_scheduler, lr_at
 
 CONFIG = GPTConfig(vocab_size=40, context_length=8, n_layer=2, n_head=2, n_embd=16)
@@ -209,10 +209,12 @@ def test_stacked_orthogonalisation_equals_one_matrix_at_a_time_and_is_nearly_ort
     torch.manual_seed(0)
     spread = torch.logspace(-1, 1, 32)  # singular values from 0.1 to 10: a gradient's spread
     matrices = [with_singular_values(r, c, spread) for r, c in [(32, 32), (96, 32), (32, 96), (32, 32)]]
-    coefficients = torch.optim._muon.DEFAULT_A, torch.optim._muon.DEFAULT_B, torch.optim._muon.DEFAULT_C
-    together = orthogonalise(matrices, coefficients, 5, 1e-7, torch.float32)
+    coefficients = [
+        (torch.optim._muon.DEFAULT_A, torch.optim._muon.DEFAULT_B, torch.optim._muon.DEFAULT_C)
+    ] * 5
+    together = orthogonalise(matrices, coefficients, 1e-7, torch.float32)
     for matrix, result in zip(matrices, together, strict=True):
-        alone = orthogonalise([matrix], coefficients, 5, 1e-7, torch.float32)[0]
+        alone = orthogonalise([matrix], coefficients, 1e-7, torch.float32)[0]
         assert result.shape == matrix.shape and result.dtype == torch.float32
         torch.testing.assert_close(result, alone, rtol=1e-4, atol=1e-5)
         # Muon's quintic pushes every singular value into a band around 1, not exactly to 1...
@@ -274,15 +276,78 @@ def test_the_gram_iteration_for_wide_matrices_is_the_direct_iteration() -> None:
     """fp32 takes wide matrices through the Gram form; float64's direct iteration is the reference."""
     torch.manual_seed(0)
     stack = torch.randn(3, 16, 64)
-    coefficients = torch.optim._muon.DEFAULT_A, torch.optim._muon.DEFAULT_B, torch.optim._muon.DEFAULT_C
-    gram = newton_schulz(stack, coefficients, 5, 1e-7)  # fp32, 4x as wide as tall: the Gram form
-    reference = newton_schulz(stack.double(), coefficients, 5, 1e-7)  # float64: the direct form
-    assert gram.dtype == torch.float32
-    torch.testing.assert_close(gram.double(), reference, rtol=0, atol=1e-5)
+    for name in NS_COEFFICIENTS:
+        coefficients = ns_schedule(NS_COEFFICIENTS[name], 5)
+        gram = newton_schulz(stack, coefficients, 1e-7)  # fp32, 4x as wide as tall: the Gram form
+        reference = newton_schulz(stack.double(), coefficients, 1e-7)  # float64: the direct form
+        assert gram.dtype == torch.float32
+        torch.testing.assert_close(gram.double(), reference, rtol=0, atol=1e-5)
+    coefficients = ns_schedule(NS_COEFFICIENTS["jordan"], 5)
     for steps in (1, 2):
         torch.testing.assert_close(
-            newton_schulz(stack, coefficients, steps, 1e-7).double(),
-            newton_schulz(stack.double(), coefficients, steps, 1e-7),
+            newton_schulz(stack, coefficients[:steps], 1e-7).double(),
+            newton_schulz(stack.double(), coefficients[:steps], 1e-7),
             rtol=0,
             atol=1e-5,
         )
+
+
+# -- a polynomial per Newton-Schulz step ----------------------------------------------------------
+
+
+def band(coefficients: list[tuple[float, float, float]], smallest: float = 3e-3) -> tuple[float, float]:
+    """Where the singular values in [smallest, 1] end after these steps, in float64."""
+    s = torch.logspace(torch.log10(torch.tensor(smallest)), 0, 20001, dtype=torch.float64)
+    for a, b, c in coefficients:
+        s = a * s + b * s**3 + c * s**5
+    return s.min().item(), s.max().item()
+
+
+def test_polar_express_leaves_the_band_its_comment_states_and_beats_one_polynomial() -> None:
+    polar, jordan = NS_COEFFICIENTS["polar_express"], NS_COEFFICIENTS["jordan"]
+    three, four, five = (band(ns_schedule(polar, k)) for k in (3, 4, 5))
+    assert 0.34 < three[0] and three[1] < 1.66
+    assert 0.78 < four[0] and four[1] < 1.21
+    assert 0.99 < five[0] and five[1] < 1.01
+    # Four of its steps leave a narrower band than five of torch's polynomial (0.68-1.20).
+    torchs = band(ns_schedule(jordan, 5))
+    assert four[0] > torchs[0] and four[1] - four[0] < torchs[1] - torchs[0]
+
+
+def test_ns_schedule_repeats_one_triple_and_extends_a_sequence_by_its_last() -> None:
+    assert ns_schedule((1.0, 2.0, 3.0), 3) == [(1.0, 2.0, 3.0)] * 3
+    per_step = ((1.0, 0.0, 0.0), (2.0, 0.0, 0.0))
+    assert ns_schedule(per_step, 1) == [(1.0, 0.0, 0.0)]
+    assert ns_schedule(per_step, 3) == [(1.0, 0.0, 0.0), (2.0, 0.0, 0.0), (2.0, 0.0, 0.0)]
+
+
+def test_a_per_step_schedule_reaches_the_iteration_and_survives_a_checkpoint(tmp_path) -> None:  # noqa: ANN001
+    """muon_ns_coefficients reaches Muon: its step is the float64 direct iteration with those
+    polynomials, and the group's schedule comes back from a saved state dict (weights only)."""
+    torch.manual_seed(0)
+    config = OptimConfig(
+        optimizer="muon", muon_ns_coefficients="polar_express", muon_ns_steps=3, weight_decay=0.0
+    )
+    model = GPT(CONFIG)
+    optimizer = build_optimizer(model, config)
+    optimizer.muon.ns_dtype = torch.float32  # this machine's choice may be bf16: compare in fp32
+    weight = model.transformer.h[0].mlp.c_fc.weight  # (64, 16): tall, orthogonalised as its transpose
+    before = weight.detach().clone()
+    step(model, optimizer)
+    momentum = optimizer.muon.state[weight]["momentum_buffer"]
+    nesterov = weight.grad.double().lerp(momentum.double(), 0.95)
+    expected = newton_schulz(nesterov.T.unsqueeze(0), ns_schedule(NS_COEFFICIENTS["polar_express"], 3), 1e-7)
+    lr_scale = (64 / 16) ** 0.5
+    moved = (weight.detach() - before).double()
+    torch.testing.assert_close(moved, -0.02 * lr_scale * expected[0].T, rtol=0, atol=1e-6)
+    torch.save(optimizer.state_dict(), tmp_path / "optim.pt")
+    fresh = build_optimizer(GPT(CONFIG), OptimConfig(optimizer="muon"))
+    fresh.load_state_dict(torch.load(tmp_path / "optim.pt", weights_only=True))
+    group = fresh.muon.param_groups[0]
+    assert group["ns_steps"] == 3
+    assert ns_schedule(group["ns_coefficients"], 3) == ns_schedule(NS_COEFFICIENTS["polar_express"], 3)
+
+
+def test_an_unknown_ns_polynomial_is_one_line() -> None:
+    with pytest.raises(ConfigError, match="muon_ns_coefficients must be one of jordan, polar_express"):
+        OptimConfig(muon_ns_coefficients="chebyshev")
