@@ -65,6 +65,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "adamw": {"model.optim.optimizer": "adamw"},
     "muon_ns3": {"model.optim.optimizer": "muon", "model.optim.muon_ns_steps": 3},
     "muon_ns4": {"model.optim.optimizer": "muon", "model.optim.muon_ns_steps": 4},
+    "muon_ns5": {"model.optim.optimizer": "muon", "model.optim.muon_ns_steps": 5},
     "polar": {"model.optim.muon_ns_coefficients": "polar_express"},
     "jordan": {"model.optim.muon_ns_coefficients": "jordan"},
     "rope": {"model.gpt.position_embedding": "rope"},

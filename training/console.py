@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,13 @@ def _orthogonalisation(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
     if muon is None:
         return ""
     dtype = muon.orthogonalisation_dtype(pl_module.device)
-    return f"; Muon orthogonalises in {str(dtype).removeprefix('torch.')}"
+    group = muon.param_groups[0]
+    per_step = len(group["ns_coefficients"]) != 3 or isinstance(group["ns_coefficients"][0], Sequence)
+    polynomials = "a polynomial per step" if per_step else "torch's polynomial"
+    return (
+        f"; Muon orthogonalises in {str(dtype).removeprefix('torch.')}"
+        f" ({group['ns_steps']} Newton-Schulz steps, {polynomials})"
+    )
 
 
 class RunSummary(L.Callback):

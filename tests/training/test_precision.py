@@ -54,7 +54,7 @@ def start_train(corpus: Path, run: Path, env: dict[str, str | None]) -> subproce
 def assert_trained(run: Path, console: str, returncode: int, precision: str, muon: str) -> None:
     """The run ended well, 3 steps in `precision` on the CPU, with Muon orthogonalising in `muon`."""
     assert returncode == 0, console[-3000:]
-    assert f"; {precision} on cpu (" in console and f"Muon orthogonalises in {muon}" in console, console
+    assert f"; {precision} on cpu (" in console and f"Muon orthogonalises in {muon} (" in console, console
     assert (FALLBACK in console) is (precision == "32-true"), console
     assert "done: 3 steps" in console
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
