@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from minigpt.common import duration
 from minigpt.model.gpt import parameter_count
 
 from .flops import training_flops_per_token
+from .muon import NS_COEFFICIENTS, ns_schedule
 from .precision import cpu_description
 from .throughput import tokens_per_step
 
@@ -76,11 +76,13 @@ def _orthogonalisation(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
         return ""
     dtype = muon.orthogonalisation_dtype(pl_module.device)
     group = muon.param_groups[0]
-    per_step = len(group["ns_coefficients"]) != 3 or isinstance(group["ns_coefficients"][0], Sequence)
-    polynomials = "a polynomial per step" if per_step else "torch's polynomial"
+    steps = group["ns_steps"]
+    schedule = ns_schedule(group["ns_coefficients"], steps)
+    # By the name `muon_ns_coefficients` gives it (a resumed run steps with its checkpoint's).
+    name = next((n for n, c in NS_COEFFICIENTS.items() if ns_schedule(c, steps) == schedule), "own")
     return (
         f"; Muon orthogonalises in {str(dtype).removeprefix('torch.')}"
-        f" ({group['ns_steps']} Newton-Schulz steps, {polynomials})"
+        f" ({steps} Newton-Schulz steps, {name} polynomials)"
     )
 
 

@@ -186,4 +186,4 @@ def test_small_yaml_multiplies_in_bf16_only_where_the_cpu_has_it(
     else:
         assert record.dtypes == {torch.float32}
         assert "32-true on cpu" in caplog.text and "Muon orthogonalises in float32" in caplog.text
-    assert "(5 Newton-Schulz steps, torch's polynomial)" in caplog.text  # small.yaml's Muon
+    assert "(5 Newton-Schulz steps, jordan polynomials)" in caplog.text  # small.yaml's Muon
