@@ -19,7 +19,9 @@ import argparse
 
 import numpy as np
 
-JORDAN = (3.4445, -4.7750, 2.0315)
+from minigpt.training.muon import NS_COEFFICIENTS
+
+JORDAN = NS_COEFFICIENTS["jordan"]
 
 
 def closest_quintic(lo: float, hi: float, points: int = 20000) -> tuple[float, float, float]:
