@@ -53,6 +53,12 @@ class OptimConfig:
     """The Newton-Schulz polynomials: "jordan", Keller Jordan's (a, b, c) at every step, as
     torch's Muon; "polar_express", one polynomial per step, each the best for the range the last
     one left (Amsel et al., 2025), which orthogonalises more in the same steps."""
+    muon_qk_per_head: bool = False
+    """Muon orthogonalises each head's rows of the query and key projections on their own, as
+    matrices of their own, rather than each projection whole. With QK-norm (`qk_norm`) a head's
+    queries and keys do not depend on the scale of its rows, so each head is a layer of its own;
+    one (head_dim x n_embd) matrix per head also costs far fewer products than one (n_embd x
+    n_embd) matrix (benchmarks/RESULTS.md)."""
     schedule: str = "cosine"
     """"cosine": after warmup, cosine decay to `min_lr`; "wsd" (warmup-stable-decay): `lr` held
     until the last `decay_fraction` of the steps, then a linear decay to `min_lr`."""

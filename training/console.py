@@ -80,9 +80,10 @@ def _orthogonalisation(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
     schedule = ns_schedule(group["ns_coefficients"], steps)
     # By the name `muon_ns_coefficients` gives it (a resumed run steps with its checkpoint's).
     name = next((n for n, c in NS_COEFFICIENTS.items() if ns_schedule(c, steps) == schedule), "own")
+    heads = ", queries and keys per head" if muon.row_blocks else ""
     return (
         f"; Muon orthogonalises in {str(dtype).removeprefix('torch.')}"
-        f" ({steps} Newton-Schulz steps, {name} polynomials)"
+        f" ({steps} Newton-Schulz steps, {name} polynomials{heads})"
     )
 
 

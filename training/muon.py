@@ -4,7 +4,7 @@ matrices of one shape orthogonalised together."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -33,11 +33,26 @@ class Muon(torch.optim.Muon):
       Newton-Schulz step (`NS_COEFFICIENTS["polar_express"]`): four such steps leave the singular
       values in a narrower band than torch's single polynomial does in five. A group holding such
       a sequence is ours alone: torch's Muon cannot step it.
+    - **Row blocks.** `row_blocks` maps a parameter to a number of rows: its update is cut into
+      blocks of that many rows, each orthogonalised on its own, as `torch.optim.Muon` would a
+      matrix of its own (an attention projection's heads, say: see `build_optimizer`). Like the
+      precision it is a choice of the run, not part of the state.
     """
 
-    def __init__(self, params: Any, *, ns_dtype: torch.dtype | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        params: Any,
+        *,
+        ns_dtype: torch.dtype | None = None,
+        row_blocks: Mapping[Tensor, int] | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(params, **options)
         self.ns_dtype = ns_dtype
+        self.row_blocks = dict(row_blocks or {})
+        for param, rows in self.row_blocks.items():
+            if rows < 1 or param.size(0) % rows:
+                raise ValueError(f"row blocks of {rows} rows do not divide a matrix of {param.size(0)} rows")
 
     def orthogonalisation_dtype(self, device: torch.device | str) -> torch.dtype:
         """The dtype the Newton-Schulz products run in for parameters on `device`."""
@@ -61,7 +76,8 @@ class Muon(torch.optim.Muon):
             updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
             dtype = self.orthogonalisation_dtype(params[0].device)
             coefficients = ns_schedule(group["ns_coefficients"], group["ns_steps"])
-            updates = orthogonalise(updates, coefficients, group["eps"], dtype)
+            blocks = [self.row_blocks.get(param) for param in params]
+            updates = orthogonalise(updates, coefficients, group["eps"], dtype, blocks)
             lr = float(group["lr"])
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
             # One foreach call per step size (a shape's), not one add per parameter: at small
@@ -125,21 +141,34 @@ def orthogonalise(
     coefficients: Sequence[Coefficients],
     eps: float,
     dtype: torch.dtype,
+    row_blocks: Sequence[int | None] | None = None,
 ) -> list[Tensor]:
     """Each matrix's approximate orthogonalisation: one quintic Newton-Schulz step per entry of
     `coefficients` in `dtype`, the same arithmetic as `torch.optim.Muon`'s, on a (N, rows, cols) stack
-    per shape. Returns the results in the input's order and shapes, in `dtype`."""
-    by_shape: dict[tuple[int, int], list[int]] = {}
+    per shape. A matrix whose entry in `row_blocks` is a number of rows is cut into blocks of
+    that many rows, each orthogonalised as a matrix of its own. Returns the results in the input's
+    order and shapes, in `dtype`."""
+    pieces: list[Tensor] = []
+    owner: list[int] = []  # the matrix each piece comes from, pieces of one matrix in row order
     for i, matrix in enumerate(matrices):
-        by_shape.setdefault((min(matrix.shape), max(matrix.shape)), []).append(i)
-    out: list[Tensor] = [matrices[0]] * len(matrices)
+        rows = row_blocks[i] if row_blocks is not None else None
+        parts = matrix.split(rows) if rows else (matrix,)
+        pieces.extend(parts)
+        owner.extend([i] * len(parts))
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for k, piece in enumerate(pieces):
+        by_shape.setdefault((min(piece.shape), max(piece.shape)), []).append(k)
+    done: list[Tensor] = [pieces[0]] * len(pieces)
     for indices in by_shape.values():
-        # The iteration's products are (rows x rows): orient every matrix wide, rows <= cols.
-        stack = torch.stack([_wide(matrices[i]).to(dtype) for i in indices])
+        # The iteration's products are (rows x rows): orient every piece wide, rows <= cols.
+        stack = torch.stack([_wide(pieces[k]).to(dtype) for k in indices])
         stack = newton_schulz(stack, coefficients, eps)
-        for k, i in enumerate(indices):
-            out[i] = stack[k] if matrices[i].size(0) <= matrices[i].size(1) else stack[k].T
-    return out
+        for j, k in enumerate(indices):
+            done[k] = stack[j] if pieces[k].size(0) <= pieces[k].size(1) else stack[j].T
+    out: list[list[Tensor]] = [[] for _ in matrices]
+    for k, piece in enumerate(done):
+        out[owner[k]].append(piece)
+    return [parts[0] if len(parts) == 1 else torch.cat(parts) for parts in out]
 
 
 def _wide(matrix: Tensor) -> Tensor:

@@ -351,3 +351,74 @@ def test_a_per_step_schedule_reaches_the_iteration_and_survives_a_checkpoint(tmp
 def test_an_unknown_ns_polynomial_is_one_line() -> None:
     with pytest.raises(ConfigError, match="muon_ns_coefficients must be one of jordan, polar_express"):
         OptimConfig(muon_ns_coefficients="chebyshev")
+
+
+def test_row_blocks_orthogonalise_each_block_as_a_matrix_of_its_own() -> None:
+    torch.manual_seed(0)
+    spread = torch.logspace(-1, 1, 8)
+    split = torch.cat(
+        [with_singular_values(8, 32, spread) for _ in range(4)]
+    )  # (32, 32), four blocks of 8 rows
+    whole = with_singular_values(32, 32, torch.logspace(-1, 1, 32))
+    coefficients = ns_schedule(NS_COEFFICIENTS["polar_express"], 5)
+    result_split, result_whole = orthogonalise([split, whole], coefficients, 1e-7, torch.float32, [8, None])
+    assert result_split.shape == (32, 32) and result_whole.shape == (32, 32)
+    for block, result in zip(split.split(8), result_split.split(8), strict=True):
+        alone = orthogonalise([block], coefficients, 1e-7, torch.float32)[0]
+        torch.testing.assert_close(result, alone, rtol=1e-4, atol=1e-5)
+        singular = torch.linalg.svdvals(result)  # each block's rows orthonormal, up to the band
+        assert 0.9 < singular.min() and singular.max() < 1.1, singular
+    # The blocks together are not an orthogonal matrix: one matrix of their own each.
+    assert torch.linalg.svdvals(result_split).max() > 1.2
+    torch.testing.assert_close(result_whole, orthogonalise([whole], coefficients, 1e-7, torch.float32)[0])
+
+
+def test_muon_qk_per_head_cuts_queries_and_keys_into_heads_and_leaves_the_state_alone() -> None:
+    torch.manual_seed(0)
+    model = GPT(dataclasses.replace(CONFIG, qk_norm=True))
+    optimizer = build_optimizer(model, OptimConfig(optimizer="muon", muon_qk_per_head=True, weight_decay=0.0))
+    optimizer.muon.ns_dtype = torch.float32
+    attention = model.transformer.h[1].attn
+    head_dim = CONFIG.n_embd // CONFIG.n_head
+    blocks = {id(p): rows for p, rows in optimizer.muon.row_blocks.items()}
+    expected = {
+        id(layer.weight) for block in model.transformer.h for layer in (block.attn.W_query, block.attn.W_key)
+    }
+    assert set(blocks) == expected and set(blocks.values()) == {head_dim}
+    before = attention.W_key.weight.detach().clone()
+    step(model, optimizer)
+    moved = attention.W_key.weight.detach() - before
+    for head in moved.split(head_dim):  # each head's rows moved by an orthogonalised matrix of its own
+        singular = torch.linalg.svdvals(head / 0.02)
+        assert 0.3 < singular.min() and singular.max() < 1.7, singular
+    # What Muon keeps is the same as without the option: checkpoints go either way.
+    plain = build_optimizer(GPT(dataclasses.replace(CONFIG, qk_norm=True)), OptimConfig(optimizer="muon"))
+    plain.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    assert plain.state_dict()["muon"]["param_groups"] == optimizer.state_dict()["muon"]["param_groups"]
+
+
+def test_row_blocks_must_divide_the_matrix() -> None:
+    weight = torch.nn.Parameter(torch.randn(12, 8))
+    with pytest.raises(ValueError, match="row blocks of 5 rows do not divide a matrix of 12 rows"):
+        Muon([weight], row_blocks={weight: 5})
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_the_run_summary_says_how_muon_orthogonalises(per_head: bool) -> None:
+    from types import SimpleNamespace
+
+    from minigpt.training.console import _orthogonalisation
+
+    model = GPT(CONFIG)
+    config = OptimConfig(
+        optimizer="muon", muon_ns_coefficients="polar_express", muon_ns_steps=3, muon_qk_per_head=per_head
+    )
+    optimizer = build_optimizer(model, config)
+    optimizer.muon.ns_dtype = torch.float32
+    line = _orthogonalisation(
+        SimpleNamespace(optimizers=[optimizer]), SimpleNamespace(device=torch.device("cpu"))
+    )
+    heads = ", queries and keys per head" if per_head else ""
+    assert (
+        line == f"; Muon orthogonalises in float32 (3 Newton-Schulz steps, polar_express polynomials{heads})"
+    )
