@@ -178,7 +178,9 @@ def ema_decay(config: dict[str, Any], extra: dict[str, Any]) -> float | None:
 
 def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int) -> Any:
     """A function that runs one training step of the variant and returns its seconds (with the
-    weight average's update after the optimizer's step, where the variant keeps one)."""
+    weight average's update after the optimizer's step, where the variant keeps one). Its
+    `fastest` dict keeps the fastest forward+backward and optimizer part (clipping, the step, the
+    average) seen."""
     gpt = GPT(GPTConfig(**{**section(config, extra, "gpt"), "vocab_size": vocab_size}))
     optimizer = build_optimizer(gpt, OptimConfig(**section(config, extra, "optim")))
     decay = ema_decay(config, extra)
@@ -197,13 +199,19 @@ def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int) -
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = next_token_loss(gpt(x), y)
         loss.backward()
+        backward = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if average is not None:
             average.update_parameters(gpt)
-        return time.perf_counter() - start
+        end = time.perf_counter()
+        # The fastest of each part seen so far: where a step's time goes (speed_check --phases).
+        for part, seconds in (("forward+backward", backward - start), ("optimizer", end - backward)):
+            step.fastest[part] = min(step.fastest.get(part, float("inf")), seconds)
+        return end - start
 
+    step.fastest = {}  # type: ignore[attr-defined]
     return step
 
 

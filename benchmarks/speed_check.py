@@ -17,6 +17,7 @@ GELU) are timed beside them, so the table also gives the recipe's step speed aga
 
     python benchmarks/speed_check.py                       # all three, ~3 minutes on 2 cores
     python benchmarks/speed_check.py --cases baby --rounds 5
+    python benchmarks/speed_check.py --cases baby --phases  # also forward+backward and optimizer apart
 
 Cases take turns for `--rounds` rounds, each round timing the ceiling again; every figure is the
 fastest seen, which other work on the machine can only make slower.
@@ -144,6 +145,11 @@ def main() -> None:
         help="train with torch.optim.Muon as torch ships it (bf16 orthogonalisation everywhere, one "
         "matrix at a time) instead of ours: the same update, to compare the two steps' speed",
     )
+    p.add_argument(
+        "--phases",
+        action="store_true",
+        help="also print each recipe's fastest forward+backward and optimizer part: where a step's time goes",
+    )
     args = p.parse_args()
     if args.muon_in_bf16:
         muon.fast_matmul_dtype = lambda device: torch.bfloat16
@@ -189,6 +195,16 @@ def main() -> None:
             f"| {case.name} | {dtype} | {step * 1e3:.0f} | {case.ceiling * 1e3:.0f} | {fraction:.2f} "
             f"| {FLOORS[case.name]:.2f} | {gpt2 * 1e3:.0f} | {gpt2 / step:.2f}x | {'ok' if ok else 'SLOW'} |"
         )
+    if args.phases:
+        print("\n| case | recipe | forward+backward ms | optimizer ms (clipping, step, average) |")
+        print("|---|---|---|---|")
+        for case in cases:
+            for which, timer in case.timers.items():
+                fastest = timer.fastest
+                print(
+                    f"| {case.name} | {which} | {fastest['forward+backward'] * 1e3:.1f} "
+                    f"| {fastest['optimizer'] * 1e3:.1f} |"
+                )
     if failed:
         print(f"\nerror: {', '.join(failed)}: the step is below its floor of the matmul ceiling")
         sys.exit(1)
