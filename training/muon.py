@@ -73,11 +73,11 @@ class Muon(torch.optim.Muon):
                 continue
             momentum = group["momentum"]
             torch._foreach_lerp_(buffers, grads, 1 - momentum)
-            updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
             dtype = self.orthogonalisation_dtype(params[0].device)
             coefficients = ns_schedule(group["ns_coefficients"], group["ns_steps"])
             blocks = [self.row_blocks.get(param) for param in params]
-            updates = orthogonalise(updates, coefficients, group["eps"], dtype, blocks)
+            look_ahead = {"lerp_from": grads, "weight": momentum} if group["nesterov"] else {}
+            updates = orthogonalise(buffers, coefficients, group["eps"], dtype, blocks, **look_ahead)
             lr = float(group["lr"])
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
             # One foreach call per step size (a shape's), not one add per parameter: at small
@@ -142,58 +142,74 @@ def orthogonalise(
     eps: float,
     dtype: torch.dtype,
     row_blocks: Sequence[int | None] | None = None,
+    *,
+    lerp_from: Sequence[Tensor] | None = None,
+    weight: float = 0.0,
 ) -> list[Tensor]:
     """Each matrix's approximate orthogonalisation: one quintic Newton-Schulz step per entry of
     `coefficients` in `dtype`, the same arithmetic as `torch.optim.Muon`'s, on a (N, rows, cols) stack
     per shape. A matrix whose entry in `row_blocks` is a number of rows is cut into blocks of
     that many rows, each orthogonalised as a matrix of its own. Returns the results in the input's
-    order and shapes, in `dtype`."""
-    pieces: list[Tensor] = []
-    owner: list[int] = []  # the matrix each piece comes from, pieces of one matrix in row order
-    for i, matrix in enumerate(matrices):
-        rows = row_blocks[i] if row_blocks is not None else None
-        parts = matrix.split(rows) if rows else (matrix,)
-        pieces.extend(parts)
-        owner.extend([i] * len(parts))
+    order and shapes, in `dtype`.
+
+    With `lerp_from`, what is orthogonalised is `lerp_from[i].lerp(matrices[i], weight)` instead,
+    computed straight into the stack: Muon's Nesterov look-ahead (the gradient moved towards the
+    momentum) without a tensor of its own per matrix.
+
+    Nothing is transposed or reassembled in memory: a matrix's blocks are consecutive rows, so
+    they lie next to each other in the stack and the result is a view of it, and a tall stack
+    iterates on X^T X (`newton_schulz`). At small shapes those copies were a tenth of Muon's step."""
     by_shape: dict[tuple[int, int], list[int]] = {}
-    for k, piece in enumerate(pieces):
-        by_shape.setdefault((min(piece.shape), max(piece.shape)), []).append(k)
-    done: list[Tensor] = [pieces[0]] * len(pieces)
-    for indices in by_shape.values():
-        # The iteration's products are (rows x rows): orient every piece wide, rows <= cols.
-        stack = torch.stack([_wide(pieces[k]).to(dtype) for k in indices])
+    for i, matrix in enumerate(matrices):
+        rows = (row_blocks[i] if row_blocks is not None else None) or matrix.size(0)
+        by_shape.setdefault((rows, matrix.size(1)), []).append(i)
+    done: dict[int, Tensor] = {}
+    for (rows, cols), indices in by_shape.items():
+        blocks = [matrices[i].reshape(-1, rows, cols) for i in indices]
+        stack = torch.empty(sum(len(b) for b in blocks), rows, cols, dtype=dtype, device=blocks[0].device)
+        if lerp_from is None:
+            torch.cat(blocks, out=stack)  # and into `dtype`
+        else:
+            same = stack.dtype == blocks[0].dtype
+            gathered = stack if same else torch.empty_like(stack, dtype=blocks[0].dtype)
+            start = 0
+            for i, block in zip(indices, blocks, strict=True):
+                end = start + len(block)
+                torch.lerp(lerp_from[i].reshape(block.shape), block, weight, out=gathered[start:end])
+                start = end
+            if not same:
+                stack.copy_(gathered)
         stack = newton_schulz(stack, coefficients, eps)
-        for j, k in enumerate(indices):
-            done[k] = stack[j] if pieces[k].size(0) <= pieces[k].size(1) else stack[j].T
-    out: list[list[Tensor]] = [[] for _ in matrices]
-    for k, piece in enumerate(done):
-        out[owner[k]].append(piece)
-    return [parts[0] if len(parts) == 1 else torch.cat(parts) for parts in out]
-
-
-def _wide(matrix: Tensor) -> Tensor:
-    return matrix if matrix.size(0) <= matrix.size(1) else matrix.T
+        start = 0
+        for i, block in zip(indices, blocks, strict=True):
+            done[i] = stack[start : start + len(block)].view(matrices[i].shape)
+            start += len(block)
+    return [done[i] for i in range(len(matrices))]
 
 
 def newton_schulz(stack: Tensor, coefficients: Sequence[Coefficients], eps: float) -> Tensor:
-    """X <- a X + (b A + c A^2) X with A = X X^T, on a (N, rows, cols) stack of wide matrices,
-    each first scaled to unit Frobenius norm so its spectral norm is at most 1. The singular values
-    move towards 1 (roughly into 0.5-1.5 after five steps, as in torch's and Keller Jordan's).
+    """X <- a X + (b A + c A^2) X with A = X X^T, on a (N, rows, cols) stack, each matrix first
+    scaled to unit Frobenius norm so its spectral norm is at most 1. The singular values move
+    towards 1 (roughly into 0.5-1.5 after five steps, as in torch's and Keller Jordan's).
 
-    In fp32, matrices at least twice as wide as tall take the same steps on the small Gram matrix
-    instead (`_newton_schulz_gram`), which does fewer products."""
+    A tall stack (rows > cols) takes the same steps on its transpose, written without
+    transposing: A = X^T X and X <- a X + X (b A + c A^2). In fp32, matrices at least twice as
+    long one way as the other take the same steps on the small Gram matrix instead
+    (`_newton_schulz_gram`), which does fewer products."""
     x = stack / torch.linalg.matrix_norm(stack, keepdim=True).clamp(min=eps)
-    if stack.dtype == torch.float32 and stack.size(-1) >= 2 * stack.size(-2):
-        return _newton_schulz_gram(x, coefficients)
+    tall = stack.size(-2) > stack.size(-1)
+    if stack.dtype == torch.float32 and max(stack.shape[-2:]) >= 2 * min(stack.shape[-2:]):
+        return _newton_schulz_gram(x, coefficients, tall)
     for a, b, c in coefficients:
-        gram = x @ x.mT  # (N, rows, rows)
+        gram = x.mT @ x if tall else x @ x.mT  # (N, n, n), n the shorter side
         polynomial = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
-        x = torch.baddbmm(x, polynomial, x, beta=a)
+        x = torch.baddbmm(x, x, polynomial, beta=a) if tall else torch.baddbmm(x, polynomial, x, beta=a)
     return x
 
 
-def _newton_schulz_gram(x: Tensor, coefficients: Sequence[Coefficients]) -> Tensor:
-    """The same iteration, carried out on (rows x rows) matrices only.
+def _newton_schulz_gram(x: Tensor, coefficients: Sequence[Coefficients], tall: bool) -> Tensor:
+    """The same iteration, carried out on (n x n) matrices only, n the shorter side (here as for
+    a wide X; a tall one is its transpose).
 
     Each step multiplies X by P = a I + b A + c A^2, a polynomial in A = X X^T, so after k steps
     X_k = Q_k X_0 with Q_k = P_k ... P_1, and A_{k+1} = P_k A_k P_k: every P, Q and A commute.
@@ -201,7 +217,7 @@ def _newton_schulz_gram(x: Tensor, coefficients: Sequence[Coefficients]) -> Tens
     2 rows^2 cols once (A_0 and Q X_0): at 4x as wide as tall, ~40% fewer FLOPs. Its rounding
     differs from the direct iteration's by ~1e-6 in fp32; in bf16 the repeated products of A
     drift, so bf16 keeps the direct iteration."""
-    gram = x @ x.mT  # (N, rows, rows)
+    gram = x.mT @ x if tall else x @ x.mT  # (N, n, n)
     product = None
     steps = len(coefficients)
     for step, (a, b, c) in enumerate(coefficients):
@@ -211,4 +227,4 @@ def _newton_schulz_gram(x: Tensor, coefficients: Sequence[Coefficients]) -> Tens
         if step < steps - 1:
             gram = polynomial @ (gram @ polynomial)
     assert product is not None
-    return product @ x
+    return x @ product if tall else product @ x  # Q is symmetric: (Q X^T)^T = X Q

@@ -86,6 +86,22 @@ def test_rope_has_no_position_table_and_one_rotation_table_for_every_layer() -> 
     assert len(rotaries) == 1 and not any("rotary" in key for key in model.state_dict())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_squared_relu_has_autograds_numbers_bit_for_bit(dtype: torch.dtype) -> None:
+    """Its hand-written gradient is a speed-up, not a change: forward and backward equal what
+    autograd makes of torch.relu(x).square(), zeros and negative inputs included."""
+    x = torch.randn(3, 5, 64).to(dtype)
+    x[0, 0, :4] = torch.tensor([0.0, -0.0, -1.0, 1.0])
+    grad = torch.randn_like(x)
+    ours, autograds = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = build(activation="relu2").transformer.h[0].mlp.gelu(ours)
+    reference = torch.relu(autograds).square()
+    out.backward(grad)
+    reference.backward(grad)
+    assert out.dtype == dtype and torch.equal(out, reference)
+    assert torch.equal(ours.grad, autograds.grad)
+
+
 def test_each_lever_computes_what_it_names() -> None:
     x = torch.randn(4, 16)
     relu2 = build(activation="relu2").transformer.h[0].mlp.gelu

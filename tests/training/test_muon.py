@@ -373,6 +373,38 @@ def test_row_blocks_orthogonalise_each_block_as_a_matrix_of_its_own() -> None:
     torch.testing.assert_close(result_whole, orthogonalise([whole], coefficients, 1e-7, torch.float32)[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_look_ahead_computed_into_the_stack_is_the_lerp_orthogonalised(dtype: torch.dtype) -> None:
+    """Nesterov's look-ahead written straight into the stacks (wide, tall, square and in row
+    blocks, in fp32 or cast to bf16) gives what orthogonalising grad.lerp(momentum) does."""
+    torch.manual_seed(0)
+    shapes = [(16, 48), (48, 16), (16, 16), (16, 48), (32, 16)]
+    momenta = [torch.randn(shape) for shape in shapes]
+    grads = [torch.randn(shape) for shape in shapes]
+    blocks = [None, None, None, 8, 8]
+    coefficients = ns_schedule(NS_COEFFICIENTS["polar_express"], 3)
+    looked_ahead = orthogonalise(momenta, coefficients, 1e-7, dtype, blocks, lerp_from=grads, weight=0.95)
+    expected = orthogonalise(
+        [g.lerp(m, 0.95) for g, m in zip(grads, momenta, strict=True)], coefficients, 1e-7, dtype, blocks
+    )
+    for result, reference, shape in zip(looked_ahead, expected, shapes, strict=True):
+        assert result.shape == shape and result.dtype == dtype
+        torch.testing.assert_close(result, reference, rtol=0, atol=0)
+
+
+def test_a_tall_stack_iterates_on_its_transpose() -> None:
+    """Tall matrices are orthogonalised as torch's Muon does them (transposed, iterated, transposed
+    back) without being transposed in memory, in the direct and the Gram form."""
+    torch.manual_seed(0)
+    coefficients = ns_schedule(NS_COEFFICIENTS["polar_express"], 3)
+    for rows, cols in ((48, 32), (64, 16)):  # 1.5x: the direct iteration; 4x: the Gram form
+        tall = torch.randn(3, rows, cols)
+        result = newton_schulz(tall, coefficients, 1e-7)
+        assert result.shape == tall.shape and result.is_contiguous()
+        reference = newton_schulz(tall.mT.contiguous().double(), coefficients, 1e-7).mT
+        torch.testing.assert_close(result.double(), reference, rtol=0, atol=1e-5)
+
+
 def test_muon_qk_per_head_cuts_queries_and_keys_into_heads_and_leaves_the_state_alone() -> None:
     torch.manual_seed(0)
     model = GPT(dataclasses.replace(CONFIG, qk_norm=True))
