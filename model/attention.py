@@ -157,7 +157,10 @@ class MultiHeadAttention(nn.Module):
             bias = None if self.W_query.bias is None else torch.cat([layer.bias for layer in layers])
             projected = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, self.head_dim)
             qkv = projected.permute(2, 0, 3, 1, 4)  # (3, B, nh, T, hs)
-            return qkv[:2], qkv[2]
+            # split and squeeze rather than indexing: their gradients are one concatenation,
+            # where each index's is a zero-filled (3, B, nh, T, hs) tensor and the two are summed.
+            queries_keys, values = qkv.split([2, 1])
+            return queries_keys, values.squeeze(0)
         queries, keys, values = (self._split_heads(layer(x)) for layer in layers)
         return torch.stack((queries, keys)), values
 
