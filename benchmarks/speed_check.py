@@ -18,6 +18,11 @@ GELU) are timed beside them, so the table also gives the recipe's step speed aga
     python benchmarks/speed_check.py                       # all three, ~3 minutes on 2 cores
     python benchmarks/speed_check.py --cases baby --rounds 5
     python benchmarks/speed_check.py --cases baby --phases  # also forward+backward and optimizer apart
+    python benchmarks/speed_check.py --cases baby --rounds 4 --train-steps 300  # also through train.py
+
+`--train-steps N` also runs `train.py` for N steps of each case with each recipe, taking turns for
+`--rounds` rounds (wandb off, no validation): the steps/s a user sees, Lightning's loop, logging and
+callbacks included, each run's figure the median of its logged `tokens_per_sec`.
 
 Cases take turns for `--rounds` rounds, each round timing the ceiling again; every figure is the
 fastest seen, which other work on the machine can only make slower.
@@ -26,6 +31,10 @@ fastest seen, which other work on the machine can only make slower.
 from __future__ import annotations
 
 import argparse
+import csv
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ablation import dotted, merged, read_yaml, step_timer
+from ablation import ROOT, dotted, merged, read_yaml, step_timer
 from minigpt.data import DataConfig, prepare
 from minigpt.model import GPTConfig
 from minigpt.training import muon, optim
@@ -53,6 +62,9 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "char": ("char.yaml", {}),
     "baby": ("char.yaml", BABY),
 }
+
+OVERLAYS = {"baby": ["benchmarks/baby.yaml"]}
+"""The configs train.py lays over a case's file to make its shape (--train-steps)."""
 
 FLOORS = {"small": 0.25, "char": 0.25, "baby": 0.05}
 """The lowest fraction of the matmul ceiling each case may reach. Measured (benchmarks/RESULTS.md):
@@ -128,6 +140,52 @@ def measure(cases: list[Case], rounds: int, steps: int) -> None:
         print(f"round {r + 1}/{rounds} done", file=sys.stderr)
 
 
+def train_py_speed(case: Case, recipe: str, steps: int, work: Path) -> float:
+    """Steps per second of `steps` steps of `case` through train.py with its own recipe or GPT-2's:
+    the median of the run's logged tokens per second over the tokens of a step."""
+    name = f"{case.name}-{recipe}-{len(list(work.glob(f'{case.name}-{recipe}-*')))}"
+    gpt2 = ["recipes/gpt2.yaml"] if recipe == "gpt2" else []
+    layers = [CASES[case.name][0], *OVERLAYS.get(case.name, []), *gpt2]
+    command = [sys.executable, str(ROOT / "train.py")]
+    for layer in layers:
+        command += ["--config", str(ROOT / layer) if (ROOT / layer).is_file() else layer]
+    command += [
+        f"--trainer.max_steps={steps}",
+        f"--trainer.val_check_interval={steps + 1}",  # no validation: steps only
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={work / name}",
+        f"--data.config.cache_dir={work}",
+    ]
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    with open(work / f"{name}.log", "w") as out:
+        result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=work, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"error: train.py failed for {name} (exit {result.returncode}): {work / name}.log")
+    with open(work / name / "csv" / "version_0" / "metrics.csv", newline="") as f:
+        rates = [float(row["tokens_per_sec"]) for row in csv.DictReader(f) if row.get("tokens_per_sec")]
+    return statistics.median(rates) / (case.shape.batch * case.shape.context)
+
+
+def through_train(cases: list[Case], rounds: int, steps: int, work: Path) -> list[str]:
+    """The lines of a table of each case's steps/s through train.py, recipe against GPT-2's, round
+    by round, the two taking turns to go first."""
+    lines = [
+        "| case | round | recipe steps/s through train.py | GPT-2's recipe steps/s | recipe vs GPT-2's |",
+        "|---|---|---|---|---|",
+    ]
+    for case in cases:
+        ratios = []
+        for r in range(rounds):
+            order = ("recipe", "gpt2") if r % 2 == 0 else ("gpt2", "recipe")
+            speed = {recipe: train_py_speed(case, recipe, steps, work) for recipe in order}
+            ratios.append(speed["recipe"] / speed["gpt2"])
+            recipe, gpt2 = speed["recipe"], speed["gpt2"]
+            lines.append(f"| {case.name} | {r + 1} | {recipe:.1f} | {gpt2:.1f} | {ratios[-1]:.2f}x |")
+            print(f"train.py round {r + 1}/{rounds} done", file=sys.stderr)
+        lines.append(f"| {case.name} | median | | | **{statistics.median(ratios):.2f}x** |")
+    return lines
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
@@ -150,6 +208,13 @@ def main() -> None:
         action="store_true",
         help="also print each recipe's fastest forward+backward and optimizer part: where a step's time goes",
     )
+    p.add_argument(
+        "--train-steps",
+        type=int,
+        default=0,
+        help="also run train.py for this many steps of each case with each recipe, --rounds times: "
+        "the steps/s a user sees, the training loop included",
+    )
     args = p.parse_args()
     if args.muon_in_bf16:
         muon.fast_matmul_dtype = lambda device: torch.bfloat16
@@ -167,6 +232,7 @@ def main() -> None:
         cases = [build_case(name, Path(tmp)) for name in names]
         measure(cases, args.rounds, args.steps)
         peak = {name: square_product_speed(dtype) for name, dtype in DTYPES.items()}
+        train_py = through_train(cases, args.rounds, args.train_steps, Path(tmp)) if args.train_steps else []
     print(
         f"CPU: {cpu_description()}; {torch.get_num_threads()} threads, torch {torch.__version__}; "
         f"{args.rounds} rounds x {args.steps} steps in {time.perf_counter() - start:.0f} s"
@@ -205,6 +271,9 @@ def main() -> None:
                     f"| {case.name} | {which} | {fastest['forward+backward'] * 1e3:.1f} "
                     f"| {fastest['optimizer'] * 1e3:.1f} |"
                 )
+    if train_py:
+        print(f"\nThrough train.py, {args.train_steps} steps a run (the median of its logged tokens/s):")
+        print("\n".join(train_py))
     if failed:
         print(f"\nerror: {', '.join(failed)}: the step is below its floor of the matmul ceiling")
         sys.exit(1)

@@ -23,12 +23,14 @@ class Muon(torch.optim.Muon):
       bf16 where it is native and fp32 elsewhere (`precision.fast_matmul_dtype`), decided where the
       model's precision is. The choice is not part of the state, so a checkpoint resumed on
       another kind of machine orthogonalises in that machine's precision.
-    - **Batching.** The matrices of a group that share a shape (a tall one counts as its
-      transpose) are stacked and go through each Newton-Schulz step as one batched product, rather
-      than one product per matrix: fewer, larger calls (in fp32 on 2 cores, 16 matrices of
-      128 x 128 in half the time; at 256 x 256 no faster, no slower).
-    - **The Gram form in fp32.** Matrices at least twice as wide as tall (the MLP's) iterate on
-      their small Gram matrix, the same polynomial with ~40% fewer FLOPs (`newton_schulz`).
+    - **Batching.** The matrices of a group that share a shape are stacked and go through each
+      Newton-Schulz step as one batched product, rather than one product per matrix: fewer,
+      larger calls (in fp32 on 2 cores, 16 matrices of 128 x 128 in half the time; at 256 x 256
+      no faster, no slower). Nesterov's look-ahead is computed straight into the stack, and a
+      tall stack iterates on X^T X where torch transposes it (`orthogonalise`).
+    - **The Gram form in fp32.** Matrices at least twice as long one way as the other (the
+      MLP's) iterate on their small Gram matrix, the same polynomial with ~40% fewer FLOPs
+      (`newton_schulz`).
     - **A polynomial per step.** `ns_coefficients` may also be a sequence of (a, b, c), one per
       Newton-Schulz step (`NS_COEFFICIENTS["polar_express"]`): four such steps leave the singular
       values in a narrower band than torch's single polynomial does in five. A group holding such

@@ -9,6 +9,7 @@ from torch import nn
 from torch.testing import assert_close
 
 from minigpt.model import GPT, ConfigError, GPTConfig
+from minigpt.model.attention import _RMSNormalise, rms_normalise
 from minigpt.model.generation import generate
 from minigpt.model.gpt import parameter_count
 from minigpt.model.rotary import RotaryEmbedding
@@ -117,6 +118,25 @@ def test_each_lever_computes_what_it_names() -> None:
     with torch.no_grad():  # every block starts as the identity
         embedded = zero._embed(ids, 0)
         assert_close(zero(ids), zero.lm_head(zero.transformer.ln_f(embedded)))
+
+
+def test_qk_norms_written_out_gradient_is_torchs_rms_norm() -> None:
+    """QK-norm's fp32 path (forward and gradient by hand) against F.rms_norm, a zero vector
+    included, and its gradient against finite differences in float64."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 8, 16) * 3
+    x[0, 0, 0, 0] = 0.0
+    grad = torch.randn_like(x)
+    ours, torchs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, reference = rms_normalise(ours), torch.nn.functional.rms_norm(torchs, (16,))
+    out.backward(grad)
+    reference.backward(grad)
+    assert_close(out, reference, rtol=1e-6, atol=1e-6)
+    assert_close(ours.grad, torchs.grad, rtol=1e-5, atol=1e-6)
+    double = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(_RMSNormalise.apply, double)
+    bf16 = x.bfloat16()  # bf16 takes torch's own
+    assert torch.equal(rms_normalise(bf16), torch.nn.functional.rms_norm(bf16, (16,)))
 
 
 def test_qk_norm_bounds_the_attention_scores() -> None:
