@@ -24,14 +24,17 @@ GELU) are timed beside them, so the table also gives the recipe's step speed aga
 `--rounds` rounds (wandb off, no validation): the steps/s a user sees, Lightning's loop, logging and
 callbacks included, each run's figure the median of its logged `tokens_per_sec`.
 
-Cases take turns for `--rounds` rounds, each round timing the ceiling again; every figure is the
-fastest seen, which other work on the machine can only make slower.
+Cases take turns for `--rounds` rounds, each round timing the ceiling again and then each recipe's
+consecutive steps (`--steps`, or more for a short step: about ROUND_SECONDS of them, so 11 at the
+baby shape); every figure is the fastest seen, which other work on the machine can only make
+slower.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import math
 import os
 import statistics
 import subprocess
@@ -126,18 +129,29 @@ def square_product_speed(dtype: torch.dtype, size: int = 512, calls: int = 3) ->
     return 2 * size**3 / best / 1e9
 
 
-def measure(cases: list[Case], rounds: int, steps: int) -> None:
+ROUND_SECONDS = 0.5
+"""A case whose steps are short takes more of them a round, to about this long per recipe: the
+fastest of 2 steps of 40 ms spreads by a few percent with the machine's speed, of 12 by less."""
+
+
+def measure(cases: list[Case], rounds: int, steps: int) -> dict[str, int]:
+    """Times every case's recipes for `rounds` rounds; returns the steps per round of each case."""
+    per_round = {}
     for case in cases:
         for timer in case.timers.values():
-            timer(), timer()  # warm up: first-touch allocations, oneDNN's kernel choice
+            timer()  # warm up: first-touch allocations, oneDNN's kernel choice
+            seconds = timer()
+        per_round[case.name] = max(steps, math.ceil(ROUND_SECONDS / seconds))
     for r in range(rounds):
         for case in cases[r % len(cases) :] + cases[: r % len(cases)]:
             case.ceiling = min(
                 case.ceiling, sum(time_step_matmuls(case.shape, case.shape.batch, case.dtype).values())
             )
-            for which, timer in case.timers.items():
-                case.best[which] = min(case.best.get(which, float("inf")), *(timer() for _ in range(steps)))
+            for which, timer in case.timers.items():  # consecutive steps, as in training
+                seconds = min(timer() for _ in range(per_round[case.name]))
+                case.best[which] = min(case.best.get(which, float("inf")), seconds)
         print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+    return per_round
 
 
 def train_py_speed(case: Case, recipe: str, steps: int, work: Path) -> float:
@@ -190,7 +204,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     p.add_argument("--rounds", type=int, default=3, help="rounds, the cases taking turns")
-    p.add_argument("--steps", type=int, default=2, help="steps timed per case and round")
+    p.add_argument(
+        "--steps", type=int, default=2, help="steps timed per case and round, at least (ROUND_SECONDS)"
+    )
     p.add_argument(
         "--muon-in-bf16",
         action="store_true",
@@ -230,12 +246,13 @@ def main() -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="minigpt-speed-") as tmp:
         cases = [build_case(name, Path(tmp)) for name in names]
-        measure(cases, args.rounds, args.steps)
+        per_round = measure(cases, args.rounds, args.steps)
         peak = {name: square_product_speed(dtype) for name, dtype in DTYPES.items()}
         train_py = through_train(cases, args.rounds, args.train_steps, Path(tmp)) if args.train_steps else []
     print(
         f"CPU: {cpu_description()}; {torch.get_num_threads()} threads, torch {torch.__version__}; "
-        f"{args.rounds} rounds x {args.steps} steps in {time.perf_counter() - start:.0f} s"
+        f"{args.rounds} rounds x {', '.join(f'{n} steps ({c})' for c, n in per_round.items())} "
+        f"in {time.perf_counter() - start:.0f} s"
         + ("; torch.optim.Muon" if args.torch_muon else "")
         + ("; Muon in bf16" if args.muon_in_bf16 else "")
     )
