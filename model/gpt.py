@@ -36,15 +36,15 @@ class SquaredReLU(nn.Module):
 
 class _SquaredReLU(torch.autograd.Function):
     """relu(x)^2 with its gradient 2 relu(x) g written out: the same numbers as autograd's
-    `torch.relu(x).square()`, in two passes over the MLP's widest tensor instead of five (autograd
-    goes through pow's general backward and then relu's). On 2 CPU cores that is ~4x faster, and
-    at the baby shape ~5% of a training step (benchmarks/RESULTS.md)."""
+    `torch.relu(x).square()`, in three passes over the MLP's widest tensor (relu and the product
+    forward, one addcmul backward) where autograd takes more than five (pow's general backward,
+    then relu's). It now costs less than GELU forward and backward (benchmarks/RESULTS.md)."""
 
     @staticmethod
     def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
         positive = torch.relu(x)
         ctx.save_for_backward(positive)
-        return positive.square()
+        return positive * positive  # a multiplication: square() goes through pow
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
