@@ -239,19 +239,14 @@ def relative_speeds(
 # -- 2. training ----------------------------------------------------------------------------------
 
 
-def train(args: argparse.Namespace, work: Path, name: str, extra: list[str]) -> dict[str, float]:
-    """One train.py run; its steps and the last validation loss it logged."""
-    run_dir = work / name
-    command = [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "--config",
-        args.config,
-        *(["--config", args.over] if args.over else []),
-        "--data.config.source",
-        args.source,
-        "--data.config.cache_dir",
-        str(work / "data"),
+def run_train_py(configs: list[str], extra: list[str], run_dir: Path, cwd: Path) -> list[dict[str, str]]:
+    """One `train.py` run with `configs` laid over each other and `extra` overrides, its output in
+    `run_dir`, wandb off and no progress bar; the rows of its CSV log. A failed run ends the script
+    with one line naming its log."""
+    command = [sys.executable, str(ROOT / "train.py")]
+    for config in configs:
+        command += ["--config", config]
+    command += [
         "--trainer.default_root_dir",
         str(run_dir),
         "--trainer.enable_progress_bar",
@@ -259,13 +254,21 @@ def train(args: argparse.Namespace, work: Path, name: str, extra: list[str]) -> 
         *extra,
     ]
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    log(f"[{name}] {shlex.join(command[2:])}")
-    with open(work / f"{name}.log", "w") as out:
-        result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=work, env=env)
+    log(f"[{run_dir.name}] {shlex.join(command[2:])}")
+    log_file = run_dir.parent / f"{run_dir.name}.log"
+    with open(log_file, "w") as out:
+        result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=env)
     if result.returncode != 0:
-        raise SystemExit(f"train.py failed for {name} (exit {result.returncode}); see {work / name}.log")
+        raise SystemExit(f"error: train.py exited {result.returncode} for {run_dir.name}; see {log_file}")
     with open(run_dir / "csv" / "version_0" / "metrics.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+        return list(csv.DictReader(f))
+
+
+def train(args: argparse.Namespace, work: Path, name: str, extra: list[str]) -> dict[str, float]:
+    """One train.py run; its steps and the last validation loss it logged."""
+    configs = [args.config, *([args.over] if args.over else [])]
+    data = ["--data.config.source", args.source, "--data.config.cache_dir", str(work / "data")]
+    rows = run_train_py(configs, [*data, *extra], work / name, work)
     vals = [float(r["val_loss"]) for r in rows if r.get("val_loss")]
     return {"steps": max(int(r["step"]) for r in rows) + 1, "val_loss": vals[-1], "curve": vals}
 

@@ -33,11 +33,8 @@ slower.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ablation import ROOT, dotted, merged, read_yaml, step_timer
+from ablation import ROOT, dotted, merged, read_yaml, run_train_py, step_timer
 from minigpt.data import DataConfig, prepare
 from minigpt.model import GPTConfig
 from minigpt.training import muon, optim
@@ -154,29 +151,19 @@ def measure(cases: list[Case], rounds: int, steps: int) -> dict[str, int]:
     return per_round
 
 
-def train_py_speed(case: Case, recipe: str, steps: int, work: Path) -> float:
+def train_py_speed(case: Case, recipe: str, steps: int, work: Path, round_: int) -> float:
     """Steps per second of `steps` steps of `case` through train.py with its own recipe or GPT-2's:
     the median of the run's logged tokens per second over the tokens of a step."""
-    name = f"{case.name}-{recipe}-{len(list(work.glob(f'{case.name}-{recipe}-*')))}"
     gpt2 = ["recipes/gpt2.yaml"] if recipe == "gpt2" else []
     layers = [CASES[case.name][0], *OVERLAYS.get(case.name, []), *gpt2]
-    command = [sys.executable, str(ROOT / "train.py")]
-    for layer in layers:
-        command += ["--config", str(ROOT / layer) if (ROOT / layer).is_file() else layer]
-    command += [
+    configs = [str(ROOT / layer) if (ROOT / layer).is_file() else layer for layer in layers]
+    extra = [
         f"--trainer.max_steps={steps}",
         f"--trainer.val_check_interval={steps + 1}",  # no validation: steps only
-        "--trainer.enable_progress_bar=false",
-        f"--trainer.default_root_dir={work / name}",
         f"--data.config.cache_dir={work}",
     ]
-    env = {**os.environ, "WANDB_MODE": "disabled"}
-    with open(work / f"{name}.log", "w") as out:
-        result = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=work, env=env)
-    if result.returncode != 0:
-        raise SystemExit(f"error: train.py failed for {name} (exit {result.returncode}): {work / name}.log")
-    with open(work / name / "csv" / "version_0" / "metrics.csv", newline="") as f:
-        rates = [float(row["tokens_per_sec"]) for row in csv.DictReader(f) if row.get("tokens_per_sec")]
+    rows = run_train_py(configs, extra, work / f"{case.name}-{recipe}-{round_}", work)
+    rates = [float(row["tokens_per_sec"]) for row in rows if row.get("tokens_per_sec")]
     return statistics.median(rates) / (case.shape.batch * case.shape.context)
 
 
@@ -191,7 +178,7 @@ def through_train(cases: list[Case], rounds: int, steps: int, work: Path) -> lis
         ratios = []
         for r in range(rounds):
             order = ("recipe", "gpt2") if r % 2 == 0 else ("gpt2", "recipe")
-            speed = {recipe: train_py_speed(case, recipe, steps, work) for recipe in order}
+            speed = {recipe: train_py_speed(case, recipe, steps, work, r) for recipe in order}
             ratios.append(speed["recipe"] / speed["gpt2"])
             recipe, gpt2 = speed["recipe"], speed["gpt2"]
             lines.append(f"| {case.name} | {r + 1} | {recipe:.1f} | {gpt2:.1f} | {ratios[-1]:.2f}x |")
@@ -232,6 +219,8 @@ def main() -> None:
         "the steps/s a user sees, the training loop included",
     )
     args = p.parse_args()
+    if args.rounds < 1 or args.steps < 1 or args.train_steps < 0:
+        p.error("--rounds and --steps must be at least 1, --train-steps at least 0")
     if args.muon_in_bf16:
         muon.fast_matmul_dtype = lambda device: torch.bfloat16
     if args.torch_muon:
