@@ -7,7 +7,7 @@ from typing import Any
 
 from minigpt.model import ConfigError, check_sampling
 
-from .muon import NS_COEFFICIENTS
+from .muon import NS_COEFFICIENTS, NS_NORMS
 
 OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
@@ -59,6 +59,16 @@ class OptimConfig:
     queries and keys do not depend on the scale of its rows, so each head is a layer of its own;
     one (head_dim x n_embd) matrix per head also costs far fewer products than one (n_embd x
     n_embd) matrix (benchmarks/RESULTS.md)."""
+    muon_v_per_head: bool = False
+    """Muon orthogonalises each head's rows of the value projection on their own, as
+    `muon_qk_per_head` does the queries' and keys': a head's values feed only that head's mix.
+    At 128 wide its (head_dim x n_embd) blocks cost a fraction of the whole matrix's products,
+    for the same loss at equal steps with `muon_ns_norm: gram` (benchmarks/RESULTS.md)."""
+    muon_ns_norm: str = "frobenius"
+    """How Muon scales each matrix before its first Newton-Schulz step: "frobenius" by its
+    Frobenius norm, as torch's Muon; "gram" by the square root of its Gram matrix's Frobenius
+    norm, a tighter bound on the largest singular value at no extra cost, so the same steps
+    orthogonalise more (training/muon.py's `newton_schulz`)."""
     schedule: str = "cosine"
     """"cosine": after warmup, cosine decay to `min_lr`; "wsd" (warmup-stable-decay): `lr` held
     until the last `decay_fraction` of the steps, then a linear decay to `min_lr`."""
@@ -94,6 +104,10 @@ class OptimConfig:
             raise ConfigError(
                 f"optim muon_ns_coefficients must be one of {', '.join(NS_COEFFICIENTS)},"
                 f" got {self.muon_ns_coefficients!r}"
+            )
+        if self.muon_ns_norm not in NS_NORMS:
+            raise ConfigError(
+                f"optim muon_ns_norm must be one of {', '.join(NS_NORMS)}, got {self.muon_ns_norm!r}"
             )
         if not 0 <= self.muon_momentum < 1:
             raise ConfigError(f"optim muon_momentum must be in [0, 1), got {self.muon_momentum}")

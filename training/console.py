@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from minigpt.common import duration
+from minigpt.model import MultiHeadAttention
 from minigpt.model.gpt import parameter_count
 
 from .flops import training_flops_per_token
@@ -80,11 +81,24 @@ def _orthogonalisation(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
     schedule = ns_schedule(group["ns_coefficients"], steps)
     # By the name `muon_ns_coefficients` gives it (a resumed run steps with its checkpoint's).
     name = next((n for n, c in NS_COEFFICIENTS.items() if ns_schedule(c, steps) == schedule), "own")
-    heads = ", queries and keys per head" if muon.row_blocks else ""
+    scaling = ", scaled by the Gram norm" if muon.ns_norm == "gram" else ""
     return (
         f"; Muon orthogonalises in {str(dtype).removeprefix('torch.')}"
-        f" ({steps} Newton-Schulz steps, {name} polynomials{heads})"
+        f" ({steps} Newton-Schulz steps, {name} polynomials{scaling}{_per_head(muon, pl_module)})"
     )
+
+
+def _per_head(muon: Any, pl_module: L.LightningModule) -> str:
+    """Which attention projections Muon cuts into heads (`muon_qk_per_head`, `muon_v_per_head`)."""
+    attention = next((m for m in pl_module.modules() if isinstance(m, MultiHeadAttention)), None)
+    if attention is None:
+        return ""
+    blocked = {id(p) for p in muon.row_blocks}
+    layers = (("queries", attention.W_query), ("keys", attention.W_key), ("values", attention.W_value))
+    cut = [name for name, layer in layers if id(layer.weight) in blocked]
+    if not cut:
+        return ""
+    return ", " + (", ".join(cut[:-1]) + " and " + cut[-1] if len(cut) > 1 else cut[0]) + " per head"
 
 
 class RunSummary(L.Callback):

@@ -15,7 +15,7 @@ from .precision import fast_matmul_dtype
 
 class Muon(torch.optim.Muon):
     """`torch.optim.Muon` with the same update, options and state (a checkpoint of one loads into
-    the other), computed differently in three ways, and one option more:
+    the other), computed differently, and with options of its own:
 
     - **Precision.** torch orthogonalises in bf16 on every device, and a CPU without native bf16
       emulates bf16 products: a 256x1024 matrix's five Newton-Schulz steps take ~0.7 s instead of
@@ -35,10 +35,14 @@ class Muon(torch.optim.Muon):
       Newton-Schulz step (`NS_COEFFICIENTS["polar_express"]`): four such steps leave the singular
       values in a narrower band than torch's single polynomial does in five. A group holding such
       a sequence is ours alone: torch's Muon cannot step it.
+    - **The first scaling.** torch divides each matrix by its Frobenius norm before the first
+      step; `ns_norm="gram"` divides by the square root of its Gram matrix's Frobenius norm, a
+      tighter bound on the spectral norm, at no extra cost (`newton_schulz`): the same steps then
+      bring the singular values nearer 1.
     - **Row blocks.** `row_blocks` maps a parameter to a number of rows: its update is cut into
       blocks of that many rows, each orthogonalised on its own, as `torch.optim.Muon` would a
       matrix of its own (an attention projection's heads, say: see `build_optimizer`). Like the
-      precision it is a choice of the run, not part of the state.
+      precision and the scaling it is a choice of the run, not part of the state.
     """
 
     def __init__(
@@ -46,11 +50,15 @@ class Muon(torch.optim.Muon):
         params: Any,
         *,
         ns_dtype: torch.dtype | None = None,
+        ns_norm: str = "frobenius",
         row_blocks: Mapping[Tensor, int] | None = None,
         **options: Any,
     ) -> None:
         super().__init__(params, **options)
+        if ns_norm not in NS_NORMS:
+            raise ValueError(f"ns_norm must be one of {', '.join(NS_NORMS)}, got {ns_norm!r}")
         self.ns_dtype = ns_dtype
+        self.ns_norm = ns_norm
         self.row_blocks = dict(row_blocks or {})
         for param, rows in self.row_blocks.items():
             if rows < 1 or param.size(0) % rows:
@@ -79,7 +87,9 @@ class Muon(torch.optim.Muon):
             coefficients = ns_schedule(group["ns_coefficients"], group["ns_steps"])
             blocks = [self.row_blocks.get(param) for param in params]
             look_ahead = {"lerp_from": grads, "weight": momentum} if group["nesterov"] else {}
-            updates = orthogonalise(buffers, coefficients, group["eps"], dtype, blocks, **look_ahead)
+            updates = orthogonalise(
+                buffers, coefficients, group["eps"], dtype, blocks, norm=self.ns_norm, **look_ahead
+            )
             lr = float(group["lr"])
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
             # One foreach call per step size (a shape's), not one add per parameter: at small
@@ -147,12 +157,13 @@ def orthogonalise(
     *,
     lerp_from: Sequence[Tensor] | None = None,
     weight: float = 0.0,
+    norm: str = "frobenius",
 ) -> list[Tensor]:
     """Each matrix's approximate orthogonalisation: one quintic Newton-Schulz step per entry of
     `coefficients` in `dtype`, the same arithmetic as `torch.optim.Muon`'s, on a (N, rows, cols) stack
     per shape. A matrix whose entry in `row_blocks` is a number of rows is cut into blocks of
-    that many rows, each orthogonalised as a matrix of its own. Returns the results in the input's
-    order and shapes, in `dtype`.
+    that many rows, each orthogonalised as a matrix of its own. `norm` is how each is scaled first
+    (`newton_schulz`). Returns the results in the input's order and shapes, in `dtype`.
 
     With `lerp_from`, what is orthogonalised is `lerp_from[i].lerp(matrices[i], weight)` instead,
     computed straight into the stack: Muon's Nesterov look-ahead (the gradient moved towards the
@@ -181,7 +192,7 @@ def orthogonalise(
                 start = end
             if not same:
                 stack.copy_(gathered)
-        stack = newton_schulz(stack, coefficients, eps)
+        stack = newton_schulz(stack, coefficients, eps, norm)
         start = 0
         for i, block in zip(indices, blocks, strict=True):
             done[i] = stack[start : start + len(block)].view(matrices[i].shape)
@@ -189,27 +200,51 @@ def orthogonalise(
     return [done[i] for i in range(len(matrices))]
 
 
-def newton_schulz(stack: Tensor, coefficients: Sequence[Coefficients], eps: float) -> Tensor:
+NS_NORMS = ("frobenius", "gram")
+"""How `newton_schulz` scales a matrix before its first step (see there)."""
+
+
+def newton_schulz(
+    stack: Tensor, coefficients: Sequence[Coefficients], eps: float, norm: str = "frobenius"
+) -> Tensor:
     """X <- a X + (b A + c A^2) X with A = X X^T, on a (N, rows, cols) stack, each matrix first
-    scaled to unit Frobenius norm so its spectral norm is at most 1. The singular values move
-    towards 1 (roughly into 0.5-1.5 after five steps, as in torch's and Keller Jordan's).
+    scaled so that its spectral norm is at most 1. The singular values move towards 1 (roughly
+    into 0.5-1.5 after five steps, as in torch's and Keller Jordan's).
+
+    The scale is a bound on the spectral norm s_1. `norm="frobenius"` divides by the Frobenius
+    norm, sqrt(sum s_i^2), as torch does. `norm="gram"` divides by sqrt(||X X^T||_F) =
+    (sum s_i^4)^(1/4), which lies between s_1 and the Frobenius norm: every singular value starts
+    larger, closer to 1, for the same steps. It costs nothing more: the first step's A is computed
+    from X before scaling and scaled with it. (Momentum matrices at the baby shape start 1.4-2x
+    larger this way: their spectrum is dominated by a few directions.)
 
     A tall stack (rows > cols) takes the same steps on its transpose, written without
     transposing: A = X^T X and X <- a X + X (b A + c A^2). In fp32, matrices at least twice as
     long one way as the other take the same steps on the small Gram matrix instead
     (`_newton_schulz_gram`), which does fewer products."""
-    x = stack / torch.linalg.matrix_norm(stack, keepdim=True).clamp(min=eps)
     tall = stack.size(-2) > stack.size(-1)
+    if norm == "gram":
+        gram = stack.mT @ stack if tall else stack @ stack.mT  # (N, n, n), n the shorter side
+        scale = torch.linalg.matrix_norm(gram, keepdim=True).clamp(min=eps * eps)
+        x, gram = stack / scale.sqrt(), gram.div_(scale)
+    elif norm == "frobenius":
+        x, gram = stack / torch.linalg.matrix_norm(stack, keepdim=True).clamp(min=eps), None
+    else:
+        raise ValueError(f"norm must be one of {', '.join(NS_NORMS)}, got {norm!r}")
     if stack.dtype == torch.float32 and max(stack.shape[-2:]) >= 2 * min(stack.shape[-2:]):
-        return _newton_schulz_gram(x, coefficients, tall)
+        return _newton_schulz_gram(x, coefficients, tall, gram)
     for a, b, c in coefficients:
-        gram = x.mT @ x if tall else x @ x.mT  # (N, n, n), n the shorter side
+        if gram is None:
+            gram = x.mT @ x if tall else x @ x.mT
         polynomial = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
         x = torch.baddbmm(x, x, polynomial, beta=a) if tall else torch.baddbmm(x, polynomial, x, beta=a)
+        gram = None
     return x
 
 
-def _newton_schulz_gram(x: Tensor, coefficients: Sequence[Coefficients], tall: bool) -> Tensor:
+def _newton_schulz_gram(
+    x: Tensor, coefficients: Sequence[Coefficients], tall: bool, gram: Tensor | None = None
+) -> Tensor:
     """The same iteration, carried out on (n x n) matrices only, n the shorter side (here as for
     a wide X; a tall one is its transpose).
 
@@ -218,8 +253,9 @@ def _newton_schulz_gram(x: Tensor, coefficients: Sequence[Coefficients], tall: b
     Iterating on A and Q costs ~4 rows^3 a step instead of ~2 rows^2 cols + rows^3, plus
     2 rows^2 cols once (A_0 and Q X_0): at 4x as wide as tall, ~40% fewer FLOPs. Its rounding
     differs from the direct iteration's by ~1e-6 in fp32; in bf16 the repeated products of A
-    drift, so bf16 keeps the direct iteration."""
-    gram = x.mT @ x if tall else x @ x.mT  # (N, n, n)
+    drift, so bf16 keeps the direct iteration. `gram` is A_0 where the caller has it."""
+    if gram is None:
+        gram = x.mT @ x if tall else x @ x.mT  # (N, n, n)
     product = None
     steps = len(coefficients)
     for step, (a, b, c) in enumerate(coefficients):

@@ -18,7 +18,8 @@ from .muon import NS_COEFFICIENTS, Muon
 def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimizer:
     """AdamW that decays matrices and embeddings but not biases or normalisation gains; with
     `optimizer: muon`, the blocks' weight matrices go to Muon instead (`MuonWithAdamW`), the query
-    and key projections cut into heads with `muon_qk_per_head`."""
+    and key projections cut into heads with `muon_qk_per_head`, the value projections with
+    `muon_v_per_head`."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights appear once
     matrices = [p for n, p in named if config.optimizer == "muon" and _in_blocks(n) and p.dim() == 2]
     chosen = {id(p) for p in matrices}
@@ -48,19 +49,27 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
         ns_steps=config.muon_ns_steps,
         ns_coefficients=NS_COEFFICIENTS[config.muon_ns_coefficients],
         adjust_lr_fn="original",
-        row_blocks=_head_rows(model, chosen) if config.muon_qk_per_head else None,
+        ns_norm=config.muon_ns_norm,
+        row_blocks=_head_rows(model, chosen, config.muon_qk_per_head, config.muon_v_per_head),
     )
     return MuonWithAdamW(muon, adamw)
 
 
-def _head_rows(model: nn.Module, chosen: set[int]) -> dict[torch.Tensor, int]:
-    """The query and key projections' weights among `chosen` (ids), each with its heads' rows."""
+def _head_rows(
+    model: nn.Module, chosen: set[int], queries_keys: bool, values: bool
+) -> dict[torch.Tensor, int]:
+    """The query and key projections' weights among `chosen` (ids) with `queries_keys`, and the
+    value projections' with `values`, each with its heads' rows."""
     return {
         layer.weight: attention.head_dim
         for attention in model.modules()
         if isinstance(attention, MultiHeadAttention)
-        for layer in (attention.W_query, attention.W_key)
-        if id(layer.weight) in chosen
+        for layer, cut in (
+            (attention.W_query, queries_keys),
+            (attention.W_key, queries_keys),
+            (attention.W_value, values),
+        )
+        if cut and id(layer.weight) in chosen
     }
 
 

@@ -435,22 +435,111 @@ def test_row_blocks_must_divide_the_matrix() -> None:
         Muon([weight], row_blocks={weight: 5})
 
 
-@pytest.mark.parametrize("per_head", [False, True])
-def test_the_run_summary_says_how_muon_orthogonalises(per_head: bool) -> None:
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({}, ""),
+        ({"muon_qk_per_head": True}, ", queries and keys per head"),
+        ({"muon_v_per_head": True}, ", values per head"),
+        (
+            {"muon_qk_per_head": True, "muon_v_per_head": True, "muon_ns_norm": "gram"},
+            ", scaled by the Gram norm, queries, keys and values per head",
+        ),
+    ],
+)
+def test_the_run_summary_says_how_muon_orthogonalises(settings: dict, said: str) -> None:
     from types import SimpleNamespace
 
     from minigpt.training.console import _orthogonalisation
 
     model = GPT(CONFIG)
-    config = OptimConfig(
-        optimizer="muon", muon_ns_coefficients="polar_express", muon_ns_steps=3, muon_qk_per_head=per_head
-    )
+    config = OptimConfig(optimizer="muon", muon_ns_coefficients="polar_express", muon_ns_steps=3, **settings)
     optimizer = build_optimizer(model, config)
     optimizer.muon.ns_dtype = torch.float32
     line = _orthogonalisation(
-        SimpleNamespace(optimizers=[optimizer]), SimpleNamespace(device=torch.device("cpu"))
+        SimpleNamespace(optimizers=[optimizer]),
+        SimpleNamespace(device=torch.device("cpu"), modules=model.modules),
     )
-    heads = ", queries and keys per head" if per_head else ""
     assert (
-        line == f"; Muon orthogonalises in float32 (3 Newton-Schulz steps, polar_express polynomials{heads})"
+        line == f"; Muon orthogonalises in float32 (3 Newton-Schulz steps, polar_express polynomials{said})"
     )
+
+
+def _reference_iteration(x: torch.Tensor, coefficients: list, scale: torch.Tensor) -> torch.Tensor:
+    """The plain Newton-Schulz iteration in float64 on wide matrices, from x / scale."""
+    x = x.double() / scale.double()
+    for a, b, c in coefficients:
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x
+
+
+def test_the_gram_scaling_divides_by_the_root_of_the_gram_norm_in_every_form() -> None:
+    """ns_norm="gram" starts from X / sqrt(||X X^T||_F): the direct iteration, the Gram form and a
+    tall stack all give the plain iteration from there."""
+    torch.manual_seed(0)
+    coefficients = ns_schedule(NS_COEFFICIENTS["polar_express"], 3)
+    # Square; the Gram form, wide and tall; the direct iteration, tall.
+    for rows, cols in ((24, 24), (16, 64), (64, 16), (48, 32)):
+        stack = torch.randn(3, rows, cols) * 1e-3
+        result = newton_schulz(stack, coefficients, 1e-7, norm="gram")
+        wide = stack if rows <= cols else stack.mT
+        scale = torch.linalg.matrix_norm(wide @ wide.mT, keepdim=True).sqrt()
+        reference = _reference_iteration(wide, coefficients, scale)
+        reference = reference if rows <= cols else reference.mT
+        torch.testing.assert_close(result.double(), reference, rtol=0, atol=2e-5)
+
+
+def test_the_gram_scaling_starts_every_singular_value_nearer_one() -> None:
+    """sqrt(||X X^T||_F) lies between the spectral and the Frobenius norm, so every singular value
+    starts larger than torch's scaling leaves it, and no larger than 1; after the same steps a
+    matrix whose spectrum a few directions dominate (as momentum's) is nearer orthogonal."""
+    torch.manual_seed(0)
+    spectrum = torch.logspace(0, -3, 32)  # a few large directions, many small
+    u, _ = torch.linalg.qr(torch.randn(32, 32, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(128, 32, dtype=torch.float64))
+    matrix = (u * spectrum.double()) @ v.mT
+    gram_scale = torch.linalg.matrix_norm(matrix @ matrix.mT).sqrt()
+    frobenius = torch.linalg.matrix_norm(matrix)
+    assert spectrum[0] <= gram_scale < frobenius
+    coefficients = ns_schedule(NS_COEFFICIENTS["polar_express"], 3)
+    worst = {}
+    for norm in ("frobenius", "gram"):
+        result = newton_schulz(matrix[None].float(), coefficients, 1e-7, norm=norm)
+        worst[norm] = (torch.linalg.svdvals(result.double()) - 1).abs().max()
+    assert worst["gram"] < worst["frobenius"], worst
+
+
+def test_the_gram_scaling_leaves_a_zero_matrix_zero() -> None:
+    result = newton_schulz(
+        torch.zeros(2, 8, 32), ns_schedule(NS_COEFFICIENTS["polar_express"], 3), 1e-7, norm="gram"
+    )
+    assert torch.equal(result, torch.zeros(2, 8, 32))
+
+
+def test_an_unknown_ns_norm_is_one_line() -> None:
+    with pytest.raises(ConfigError, match="muon_ns_norm must be one of frobenius, gram, got 'spectral'"):
+        OptimConfig(optimizer="muon", muon_ns_norm="spectral")
+    with pytest.raises(ValueError, match="ns_norm must be one of frobenius, gram"):
+        Muon([torch.nn.Parameter(torch.randn(4, 4))], ns_norm="spectral")
+
+
+def test_muon_v_per_head_cuts_the_values_into_heads_and_the_scaling_leaves_the_state_alone() -> None:
+    torch.manual_seed(0)
+    model = GPT(CONFIG)
+    config = OptimConfig(optimizer="muon", muon_v_per_head=True, muon_ns_norm="gram", weight_decay=0.0)
+    optimizer = build_optimizer(model, config)
+    optimizer.muon.ns_dtype = torch.float32
+    head_dim = CONFIG.n_embd // CONFIG.n_head
+    blocks = {id(p): rows for p, rows in optimizer.muon.row_blocks.items()}
+    assert blocks == {id(block.attn.W_value.weight): head_dim for block in model.transformer.h}
+    values = model.transformer.h[0].attn.W_value
+    before = values.weight.detach().clone()
+    step(model, optimizer)
+    for head in (values.weight.detach() - before).split(head_dim):
+        singular = torch.linalg.svdvals(head / 0.02)
+        assert 0.3 < singular.min() and singular.max() < 1.7, singular
+    # Like the row blocks, the scaling is a choice of the run: checkpoints go either way.
+    plain = build_optimizer(GPT(CONFIG), OptimConfig(optimizer="muon"))
+    plain.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    assert plain.state_dict()["muon"]["param_groups"] == optimizer.state_dict()["muon"]["param_groups"]
