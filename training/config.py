@@ -62,8 +62,9 @@ class OptimConfig:
     muon_v_per_head: bool = False
     """Muon orthogonalises each head's rows of the value projection on their own, as
     `muon_qk_per_head` does the queries' and keys': a head's values feed only that head's mix.
-    At 128 wide its (head_dim x n_embd) blocks cost a fraction of the whole matrix's products,
-    for the same loss at equal steps with `muon_ns_norm: gram` (benchmarks/RESULTS.md)."""
+    Its (head_dim x n_embd) blocks cost a fraction of the whole matrix's products: at 128 wide
+    ~2.5% more steps a second for ~0.005 more loss per step, the same loss in the same time
+    (benchmarks/RESULTS.md)."""
     muon_ns_norm: str = "frobenius"
     """How Muon scales each matrix before its first Newton-Schulz step: "frobenius" by its
     Frobenius norm, as torch's Muon; "gram" by the square root of its Gram matrix's Frobenius

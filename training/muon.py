@@ -215,8 +215,8 @@ def newton_schulz(
     norm, sqrt(sum s_i^2), as torch does. `norm="gram"` divides by sqrt(||X X^T||_F) =
     (sum s_i^4)^(1/4), which lies between s_1 and the Frobenius norm: every singular value starts
     larger, closer to 1, for the same steps. It costs nothing more: the first step's A is computed
-    from X before scaling and scaled with it. (Momentum matrices at the baby shape start 1.4-2x
-    larger this way: their spectrum is dominated by a few directions.)
+    from X before scaling and scaled with it. (Momentum matrices, whose spectrum a few directions
+    dominate, started 1.4-2.2x larger this way at the baby shape: benchmarks/RESULTS.md.)
 
     A tall stack (rows > cols) takes the same steps on its transpose, written without
     transposing: A = X^T X and X <- a X + X (b A + c A^2). In fp32, matrices at least twice as

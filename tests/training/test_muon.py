@@ -510,6 +510,22 @@ def test_the_gram_scaling_starts_every_singular_value_nearer_one() -> None:
     assert worst["gram"] < worst["frobenius"], worst
 
 
+def test_the_gram_scaling_in_bf16_is_float64s_within_bf16s_rounding() -> None:
+    """bf16 (the native-bf16 CPUs' and GPUs' precision) takes the direct iteration from the Gram
+    matrix of the unscaled stack: float64's result to within bf16's rounding. It rounds more than
+    torch's scaling in bf16 (~4.5% of the result's norm against ~2% here): its larger starting
+    singular values meet the first polynomial where it is steep. Both are far inside the band
+    three steps leave the singular values in (0.35-1.65)."""
+    torch.manual_seed(0)
+    coefficients = ns_schedule(NS_COEFFICIENTS["polar_express"], 3)
+    for shape in ((4, 32, 64), (4, 64, 32)):
+        stack = torch.randn(*shape) * 1e-2
+        result = newton_schulz(stack.bfloat16(), coefficients, 1e-7, norm="gram")
+        assert result.dtype == torch.bfloat16
+        reference = newton_schulz(stack.double(), coefficients, 1e-7, norm="gram")
+        assert (result.double() - reference).norm() < 0.06 * reference.norm()
+
+
 def test_the_gram_scaling_leaves_a_zero_matrix_zero() -> None:
     result = newton_schulz(
         torch.zeros(2, 8, 32), ns_schedule(NS_COEFFICIENTS["polar_express"], 3), 1e-7, norm="gram"
