@@ -150,9 +150,12 @@ class MultiHeadAttention(nn.Module):
         total = past + t
         if total > self.mask.shape[0]:
             raise ValueError(f"sequence of {total} tokens exceeds context length {self.mask.shape[0]}")
-        if self.qk_norm:
+        # Both before caching: a cached key keeps its position's rotation.
+        if self.qk_norm and self.rotary is not None:
+            queries_keys = self.rotary.normalise_and_rotate(queries_keys, past)
+        elif self.qk_norm:
             queries_keys = rms_normalise(queries_keys)
-        if self.rotary is not None:  # before caching: a cached key keeps its position's rotation
+        elif self.rotary is not None:
             queries_keys = self.rotary(queries_keys, past)
         queries, keys = queries_keys.unbind(0)
         if kv_cache is not None:

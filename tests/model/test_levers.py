@@ -12,7 +12,7 @@ from minigpt.model import GPT, ConfigError, GPTConfig
 from minigpt.model.attention import _RMSNormalise, rms_normalise
 from minigpt.model.generation import generate
 from minigpt.model.gpt import parameter_count
-from minigpt.model.rotary import RotaryEmbedding
+from minigpt.model.rotary import RotaryEmbedding, _NormaliseRotate
 
 BASE = dict(vocab_size=50, context_length=16, n_layer=2, n_head=2, n_embd=16)
 LEVERS = {
@@ -78,6 +78,32 @@ def test_rotary_attention_scores_depend_only_on_the_distance_between_positions()
     assert not torch.allclose(score, other_distance)
     assert_close(rotary(q, 0), q)  # position 0 is not rotated
     assert_close(rotary(q, 7).norm(), q.norm())  # a rotation keeps lengths
+
+
+def test_qk_norm_and_rotation_in_one_node_match_the_two_apart() -> None:
+    """The fp32 node that normalises and rotates together (forward, and a backward written out)
+    against F.rms_norm then the rotation through autograd, at a start past 0, a zero vector and
+    a non-contiguous input (the projection's view) included; its gradient against finite
+    differences in float64; and bf16, which takes the two apart."""
+    torch.manual_seed(0)
+    rotary = RotaryEmbedding(head_dim=16, context_length=32)
+    projected = torch.randn(2, 8, 3, 4, 16) * 3  # (B, T, 3, nh, hs), as attention's projection
+    projected[0, 0, 0, 0] = 0.0
+    ours, torchs = projected.clone().requires_grad_(), projected.clone().requires_grad_()
+    grad = torch.randn(2, 2, 4, 8, 16)
+    out = rotary.normalise_and_rotate(ours.permute(2, 0, 3, 1, 4)[:2], 5)
+    reference = rotary(torch.nn.functional.rms_norm(torchs.permute(2, 0, 3, 1, 4)[:2], (16,)), 5)
+    out.backward(grad)
+    reference.backward(grad)
+    assert_close(out, reference, rtol=1e-6, atol=1e-6)
+    assert_close(ours.grad, torchs.grad, rtol=1e-5, atol=1e-5)
+    double = RotaryEmbedding(head_dim=8, context_length=16).double()
+    x = torch.randn(2, 3, 6, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: _NormaliseRotate.apply(v, *double.tables(v, 2)), x)
+    bf16 = projected[:, :, 0].bfloat16().transpose(1, 2)
+    assert torch.equal(
+        rotary.normalise_and_rotate(bf16, 3), rotary(torch.nn.functional.rms_norm(bf16, (16,)), 3)
+    )
 
 
 def test_rope_has_no_position_table_and_one_rotation_table_for_every_layer() -> None:
