@@ -25,6 +25,7 @@ from minigpt.checkpoints.pretrained import load_pretrained, open_pretrained
 from minigpt.model import GPT, ConfigError, GPTConfig
 
 from .config import OptimConfig
+from .loggers import step_logs_written
 from .loss import fused_linear_cross_entropy, next_token_loss, token_losses
 from .optim import build_optimizer, build_scheduler
 from .precision import fast_matmul_dtype
@@ -144,7 +145,8 @@ class LitGPT(L.LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = self.loss(x, y)
-        self.log("train_loss", loss, prog_bar=True)
+        if step_logs_written(self._trainer):
+            self.log("train_loss", loss, prog_bar=True)
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -159,7 +161,8 @@ class LitGPT(L.LightningModule):
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(
                     self.model.parameters(), self.optim_config.grad_clip
                 )
-            self.log("grad_norm", self.grad_norm)
+            if step_logs_written(self._trainer):
+                self.log("grad_norm", self.grad_norm)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch

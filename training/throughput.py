@@ -8,6 +8,7 @@ from typing import Any
 import lightning as L
 
 from .flops import known_peak_flops, training_flops_per_token
+from .loggers import step_logs_written
 
 
 def tokens_per_step(trainer: L.Trainer, batch_tokens: int) -> int:
@@ -18,11 +19,11 @@ def tokens_per_step(trainer: L.Trainer, batch_tokens: int) -> int:
 class TokensPerSecond(L.Callback):
     """Logs `tokens_per_sec` (in the progress bar), `tokens_seen` and, with a known peak, `mfu`.
 
-    Throughput is measured from the end of one optimizer step to the end of the next, over all
-    ranks, so it includes data loading, forward, backward and the optimizer, and not validation:
-    the first step after a validation is timed from its own start. The run's first step, which
-    pays one-off costs, is not timed. MFU is model FLOPs per second (`training_flops_per_token`)
-    over the hardware's peak.
+    Throughput is measured from the end of one logged optimizer step to the end of the next (every
+    `log_every_n_steps` steps), over all ranks, so it includes data loading, forward, backward and
+    the optimizer, and not validation: the first step after a validation is timed from its own
+    start. The run's first step, which pays one-off costs, is not timed. MFU is model FLOPs per
+    second (`training_flops_per_token`) over the hardware's peak.
     """
 
     def __init__(self, peak_flops: float | None = None) -> None:
@@ -56,6 +57,8 @@ class TokensPerSecond(L.Callback):
         self._tokens += batch[0].numel() * trainer.world_size
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # mid-accumulation: the step is not done yet
+        if self._last is not None and not step_logs_written(trainer):
+            return  # the tokens and the time add up to the next step that is written
         # From the step count, so that a resumed run continues the count where it stopped.
         pl_module.log("tokens_seen", float(trainer.global_step * tokens_per_step(trainer, batch[0].numel())))
         now = time.perf_counter()

@@ -71,6 +71,7 @@ def test_bf16_mixed_with_fused_adamw_steps_with_the_clipped_gradient(corpus: Pat
         enable_checkpointing=False,
         enable_progress_bar=False,
         limit_val_batches=0,
+        log_every_n_steps=1,  # grad_norm is logged on the steps whose logs are kept
         default_root_dir=tmp_path,
     )
     trainer.fit(lit, datamodule=datamodule(corpus, tmp_path))

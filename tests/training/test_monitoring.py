@@ -39,7 +39,9 @@ def test_flops_per_token_counts_every_matmul_weight_and_the_attention_products()
     assert training_flops_per_token(config) == 6 * linear + attention
 
 
-def fit(tmp_path: Path, corpus: Path, callbacks: list[L.Callback], steps: int = 6) -> L.Trainer:
+def fit(
+    tmp_path: Path, corpus: Path, callbacks: list[L.Callback], steps: int = 6, log_every: int = 1
+) -> L.Trainer:
     data = TextDataModule(
         DataConfig(source=str(corpus), tokenizer="char", cache_dir=str(tmp_path / "cache"), batch_size=4),
         context_length=SHAPE.context_length,
@@ -51,7 +53,7 @@ def fit(tmp_path: Path, corpus: Path, callbacks: list[L.Callback], steps: int = 
         accelerator="cpu",
         logger=CSVLogger(tmp_path, name="csv"),
         callbacks=[*callbacks, ModelCheckpoint(dirpath=tmp_path / "checkpoints", monitor="val_loss")],
-        log_every_n_steps=1,
+        log_every_n_steps=log_every,
         enable_model_summary=False,
         num_sanity_val_steps=0,
         default_root_dir=tmp_path,
@@ -91,6 +93,39 @@ def test_tokens_seen_throughput_and_mfu_are_logged_per_step(
     flops_per_token = 6 * linear + 3 * 2 * 2 * SHAPE.context_length * SHAPE.n_embd * SHAPE.n_layer
     for step, row in timed.items():  # logged as float32: 1e-6 is 10x its rounding
         assert float(row["mfu"]) == pytest.approx(rates[step] * flops_per_token / 1e12, rel=1e-6), step
+
+
+def test_steps_whose_logs_lightning_drops_log_nothing_and_throughput_spans_the_steps_between(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning writes every log_every_n_steps-th step's values and drops the rest, and each
+    `log` call costs the same either way: the step figures are logged only where they are kept,
+    and tokens per second covers every step since the last written one."""
+    ends = iter([0.0, 0.25, 10.0, 11.0, 12.0])  # ends of steps 1, 2; start of 4 (after validation); 4, 6
+    monkeypatch.setattr(throughput, "time", SimpleNamespace(perf_counter=lambda: next(ends)))
+    calls: list[tuple[int, str]] = []
+    log = LitGPT.log
+
+    def counted(module: LitGPT, name: str, *args: object, **kwargs: object) -> None:
+        if module.trainer.training:  # the step being taken, from 1
+            calls.append((module.trainer.fit_loop.epoch_loop._batches_that_stepped + 1, name))
+        log(module, name, *args, **kwargs)
+
+    monkeypatch.setattr(LitGPT, "log", counted)
+    fit(tmp_path, corpus, [TokensPerSecond()], log_every=2)
+    rows = [r for r in metrics(tmp_path) if r.get("train_loss")]
+    assert [int(r["step"]) for r in rows] == [1, 3, 5]  # steps 2, 4 and 6, counted from 0
+    assert [float(r["tokens_seen"]) for r in rows] == [128.0, 256.0, 384.0]
+    assert [float(r["tokens_per_sec"]) for r in rows] == [64 / 0.25, 64 / 1.0, 128 / 1.0]
+    assert all(r["grad_norm"] for r in rows)
+    # Step 1's tokens_seen starts the clock; otherwise nothing is logged on steps 1, 3 and 5.
+    assert {step for step, name in calls if (step, name) != (1, "tokens_seen")} == {2, 4, 6}, calls
+    assert {name for step, name in calls if step == 2} == {
+        "train_loss",
+        "grad_norm",
+        "tokens_seen",
+        "tokens_per_sec",
+    }
 
 
 def test_mfu_is_omitted_where_no_peak_is_known(corpus: Path, tmp_path: Path) -> None:
