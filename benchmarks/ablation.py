@@ -68,8 +68,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "qk_whole": {"model.optim.muon_qk_per_head": False},
     "v_heads": {"model.optim.muon_v_per_head": True},
     "v_whole": {"model.optim.muon_v_per_head": False},
-    "out_heads": {"model.optim.muon_out_per_head": True},
-    "out_whole": {"model.optim.muon_out_per_head": False},
     "gram_norm": {"model.optim.muon_ns_norm": "gram"},
     "frobenius_norm": {"model.optim.muon_ns_norm": "frobenius"},
     "muon_ns3": {"model.optim.optimizer": "muon", "model.optim.muon_ns_steps": 3},

@@ -65,12 +65,6 @@ class OptimConfig:
     Its (head_dim x n_embd) blocks cost a fraction of the whole matrix's products: at 128 wide
     ~2.5% more steps a second for ~0.005 more loss per step, the same loss in the same time
     (benchmarks/RESULTS.md)."""
-    muon_out_per_head: bool = False
-    """Muon orthogonalises each head's columns of the attention's output projection on their own:
-    the output is a sum over heads of each head's columns times its values, so each is a map of
-    its own, as `muon_qk_per_head` makes of the queries' and keys' rows. (n_embd x head_dim)
-    blocks instead of one (n_embd x n_embd) matrix: a fraction of the products
-    (benchmarks/RESULTS.md)."""
     muon_ns_norm: str = "frobenius"
     """How Muon scales each matrix before its first Newton-Schulz step: "frobenius" by its
     Frobenius norm, as torch's Muon; "gram" by the square root of its Gram matrix's Frobenius

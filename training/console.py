@@ -89,18 +89,12 @@ def _orthogonalisation(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
 
 
 def _per_head(muon: Any, pl_module: L.LightningModule) -> str:
-    """Which attention projections Muon cuts into heads (`muon_qk_per_head`, `muon_v_per_head`,
-    `muon_out_per_head`)."""
+    """Which attention projections Muon cuts into heads (`muon_qk_per_head`, `muon_v_per_head`)."""
     attention = next((m for m in pl_module.modules() if isinstance(m, MultiHeadAttention)), None)
     if attention is None:
         return ""
-    blocked = {id(p) for p in muon.row_blocks} | {id(p) for p in muon.column_blocks}
-    layers = (
-        ("queries", attention.W_query),
-        ("keys", attention.W_key),
-        ("values", attention.W_value),
-        ("outputs", attention.out_proj),
-    )
+    blocked = {id(p) for p in muon.row_blocks}
+    layers = (("queries", attention.W_query), ("keys", attention.W_key), ("values", attention.W_value))
     cut = [name for name, layer in layers if id(layer.weight) in blocked]
     if not cut:
         return ""

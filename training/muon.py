@@ -39,12 +39,10 @@ class Muon(torch.optim.Muon):
       step; `ns_norm="gram"` divides by the square root of its Gram matrix's Frobenius norm, a
       tighter bound on the spectral norm, at no extra cost (`newton_schulz`): the same steps then
       bring the singular values nearer 1.
-    - **Row and column blocks.** `row_blocks` maps a parameter to a number of rows: its update is
-      cut into blocks of that many rows, each orthogonalised on its own, as `torch.optim.Muon`
-      would a matrix of its own (the query, key and value projections' heads, say: see
-      `build_optimizer`). `column_blocks` does the same with columns (the output projection's
-      heads, which are its columns). Like the precision and the scaling they are choices of the
-      run, not part of the state.
+    - **Row blocks.** `row_blocks` maps a parameter to a number of rows: its update is cut into
+      blocks of that many rows, each orthogonalised on its own, as `torch.optim.Muon` would a
+      matrix of its own (an attention projection's heads, say: see `build_optimizer`). Like the
+      precision and the scaling it is a choice of the run, not part of the state.
     """
 
     def __init__(
@@ -54,7 +52,6 @@ class Muon(torch.optim.Muon):
         ns_dtype: torch.dtype | None = None,
         ns_norm: str = "frobenius",
         row_blocks: Mapping[Tensor, int] | None = None,
-        column_blocks: Mapping[Tensor, int] | None = None,
         **options: Any,
     ) -> None:
         super().__init__(params, **options)
@@ -63,14 +60,9 @@ class Muon(torch.optim.Muon):
         self.ns_dtype = ns_dtype
         self.ns_norm = ns_norm
         self.row_blocks = dict(row_blocks or {})
-        self.column_blocks = dict(column_blocks or {})
-        for blocks, dim, what in ((self.row_blocks, 0, "rows"), (self.column_blocks, 1, "columns")):
-            for param, size in blocks.items():
-                if size < 1 or param.size(dim) % size:
-                    whole = f"a matrix of {param.size(dim)} {what}"
-                    raise ValueError(f"{what[:-1]} blocks of {size} {what} do not divide {whole}")
-        if both := {id(p) for p in self.row_blocks} & {id(p) for p in self.column_blocks}:
-            raise ValueError(f"{len(both)} matrices are cut into both row and column blocks; choose one")
+        for param, rows in self.row_blocks.items():
+            if rows < 1 or param.size(0) % rows:
+                raise ValueError(f"row blocks of {rows} rows do not divide a matrix of {param.size(0)} rows")
 
     def orthogonalisation_dtype(self, device: torch.device | str) -> torch.dtype:
         """The dtype the Newton-Schulz products run in for parameters on `device`."""
@@ -93,11 +85,10 @@ class Muon(torch.optim.Muon):
             torch._foreach_lerp_(buffers, grads, 1 - momentum)
             dtype = self.orthogonalisation_dtype(params[0].device)
             coefficients = ns_schedule(group["ns_coefficients"], group["ns_steps"])
-            rows = [self.row_blocks.get(param) for param in params]
-            columns = [self.column_blocks.get(param) for param in params]
+            blocks = [self.row_blocks.get(param) for param in params]
             look_ahead = {"lerp_from": grads, "weight": momentum} if group["nesterov"] else {}
             updates = orthogonalise(
-                buffers, coefficients, group["eps"], dtype, rows, columns, norm=self.ns_norm, **look_ahead
+                buffers, coefficients, group["eps"], dtype, blocks, norm=self.ns_norm, **look_ahead
             )
             lr = float(group["lr"])
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
@@ -163,7 +154,6 @@ def orthogonalise(
     eps: float,
     dtype: torch.dtype,
     row_blocks: Sequence[int | None] | None = None,
-    column_blocks: Sequence[int | None] | None = None,
     *,
     lerp_from: Sequence[Tensor] | None = None,
     weight: float = 0.0,
@@ -172,8 +162,7 @@ def orthogonalise(
     """Each matrix's approximate orthogonalisation: one quintic Newton-Schulz step per entry of
     `coefficients` in `dtype`, the same arithmetic as `torch.optim.Muon`'s, on a (N, rows, cols) stack
     per shape. A matrix whose entry in `row_blocks` is a number of rows is cut into blocks of
-    that many rows, each orthogonalised as a matrix of its own; one whose entry in `column_blocks`
-    is a number of columns, into blocks of that many columns. `norm` is how each is scaled first
+    that many rows, each orthogonalised as a matrix of its own. `norm` is how each is scaled first
     (`newton_schulz`). Returns the results in the input's order and shapes, in `dtype`.
 
     With `lerp_from`, what is orthogonalised is `lerp_from[i].lerp(matrices[i], weight)` instead,
@@ -182,23 +171,14 @@ def orthogonalise(
 
     Nothing is transposed or reassembled in memory: a matrix's blocks are consecutive rows, so
     they lie next to each other in the stack and the result is a view of it, and a tall stack
-    iterates on X^T X (`newton_schulz`). At small shapes those copies were a tenth of Muon's step.
-    Column blocks are the row blocks of the transpose, orthogonalised as such (the same result,
-    transposed): read into the stack through a strided view, and returned as one."""
+    iterates on X^T X (`newton_schulz`). At small shapes those copies were a tenth of Muon's step."""
     by_shape: dict[tuple[int, int], list[int]] = {}
-    views: list[Tensor] = []  # each matrix as (rows of its blocks..., cols): its transpose if cut by columns
-    sources = list(lerp_from) if lerp_from is not None else None
     for i, matrix in enumerate(matrices):
-        columns = column_blocks[i] if column_blocks is not None else None
-        rows = (row_blocks[i] if row_blocks is not None else None) or columns or matrix.size(0)
-        view = matrix.mT if columns else matrix
-        if columns and sources is not None:
-            sources[i] = sources[i].mT
-        views.append(view)
-        by_shape.setdefault((rows, view.size(1)), []).append(i)
+        rows = (row_blocks[i] if row_blocks is not None else None) or matrix.size(0)
+        by_shape.setdefault((rows, matrix.size(1)), []).append(i)
     done: dict[int, Tensor] = {}
     for (rows, cols), indices in by_shape.items():
-        blocks = [views[i].unflatten(0, (-1, rows)) for i in indices]  # a view, even of a transpose
+        blocks = [matrices[i].reshape(-1, rows, cols) for i in indices]
         stack = torch.empty(sum(len(b) for b in blocks), rows, cols, dtype=dtype, device=blocks[0].device)
         if lerp_from is None:
             torch.cat(blocks, out=stack)  # and into `dtype`
@@ -208,15 +188,14 @@ def orthogonalise(
             start = 0
             for i, block in zip(indices, blocks, strict=True):
                 end = start + len(block)
-                torch.lerp(sources[i].unflatten(0, (-1, rows)), block, weight, out=gathered[start:end])
+                torch.lerp(lerp_from[i].reshape(block.shape), block, weight, out=gathered[start:end])
                 start = end
             if not same:
                 stack.copy_(gathered)
         stack = newton_schulz(stack, coefficients, eps, norm)
         start = 0
         for i, block in zip(indices, blocks, strict=True):
-            result = stack[start : start + len(block)].flatten(0, 1)
-            done[i] = result.mT if views[i] is not matrices[i] else result
+            done[i] = stack[start : start + len(block)].view(matrices[i].shape)
             start += len(block)
     return [done[i] for i in range(len(matrices))]
 

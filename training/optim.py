@@ -19,7 +19,7 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     """AdamW that decays matrices and embeddings but not biases or normalisation gains; with
     `optimizer: muon`, the blocks' weight matrices go to Muon instead (`MuonWithAdamW`), the query
     and key projections cut into heads with `muon_qk_per_head`, the value projections with
-    `muon_v_per_head`, the output projections (by columns) with `muon_out_per_head`."""
+    `muon_v_per_head`."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights appear once
     matrices = [p for n, p in named if config.optimizer == "muon" and _in_blocks(n) and p.dim() == 2]
     chosen = {id(p) for p in matrices}
@@ -51,7 +51,6 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
         adjust_lr_fn="original",
         ns_norm=config.muon_ns_norm,
         row_blocks=_head_rows(model, chosen, config.muon_qk_per_head, config.muon_v_per_head),
-        column_blocks=_head_columns(model, chosen) if config.muon_out_per_head else None,
     )
     return MuonWithAdamW(muon, adamw)
 
@@ -71,15 +70,6 @@ def _head_rows(
             (attention.W_value, values),
         )
         if cut and id(layer.weight) in chosen
-    }
-
-
-def _head_columns(model: nn.Module, chosen: set[int]) -> dict[torch.Tensor, int]:
-    """The output projections' weights among `chosen` (ids), each with its heads' columns."""
-    return {
-        attention.out_proj.weight: attention.head_dim
-        for attention in model.modules()
-        if isinstance(attention, MultiHeadAttention) and id(attention.out_proj.weight) in chosen
     }
 
 

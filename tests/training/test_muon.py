@@ -373,48 +373,19 @@ def test_row_blocks_orthogonalise_each_block_as_a_matrix_of_its_own() -> None:
     torch.testing.assert_close(result_whole, orthogonalise([whole], coefficients, 1e-7, torch.float32)[0])
 
 
-def test_column_blocks_orthogonalise_each_block_of_columns_as_a_matrix_of_its_own() -> None:
-    """An output projection's heads are its columns: each block of columns comes out as that
-    block orthogonalised alone, in the same stack as row blocks of the transposed shape."""
-    torch.manual_seed(0)
-    spread = torch.logspace(-1, 1, 8)
-    split = torch.cat([with_singular_values(32, 8, spread) for _ in range(4)], dim=1)  # four of 8 columns
-    rows = torch.randn(16, 32)  # two row blocks of (8, 32): the same shape as split's blocks, transposed
-    coefficients = ns_schedule(NS_COEFFICIENTS["polar_express"], 3)
-    result, result_rows = orthogonalise(
-        [split, rows], coefficients, 1e-7, torch.float32, [None, 8], [8, None]
-    )
-    assert result.shape == (32, 32)
-    for block, out in zip(split.split(8, dim=1), result.split(8, dim=1), strict=True):
-        alone = orthogonalise([block.contiguous()], coefficients, 1e-7, torch.float32)[0]
-        torch.testing.assert_close(out, alone, rtol=1e-4, atol=5e-5)  # tall alone, wide here: rounding
-    assert torch.linalg.svdvals(result).max() > 1.2  # not one orthogonal matrix: four
-    for block, out in zip(rows.split(8), result_rows.split(8), strict=True):
-        torch.testing.assert_close(out, orthogonalise([block], coefficients, 1e-7, torch.float32)[0])
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_look_ahead_computed_into_the_stack_is_the_lerp_orthogonalised(dtype: torch.dtype) -> None:
-    """Nesterov's look-ahead written straight into the stacks (wide, tall, square, in row blocks
-    and in column blocks, in fp32 or cast to bf16) gives what orthogonalising grad.lerp(momentum)
-    does."""
+    """Nesterov's look-ahead written straight into the stacks (wide, tall, square and in row
+    blocks, in fp32 or cast to bf16) gives what orthogonalising grad.lerp(momentum) does."""
     torch.manual_seed(0)
-    shapes = [(16, 48), (48, 16), (16, 16), (16, 48), (32, 16), (48, 32)]
+    shapes = [(16, 48), (48, 16), (16, 16), (16, 48), (32, 16)]
     momenta = [torch.randn(shape) for shape in shapes]
     grads = [torch.randn(shape) for shape in shapes]
-    blocks = [None, None, None, 8, 8, None]
-    columns = [None, None, None, None, None, 8]
+    blocks = [None, None, None, 8, 8]
     coefficients = ns_schedule(NS_COEFFICIENTS["polar_express"], 3)
-    looked_ahead = orthogonalise(
-        momenta, coefficients, 1e-7, dtype, blocks, columns, lerp_from=grads, weight=0.95
-    )
+    looked_ahead = orthogonalise(momenta, coefficients, 1e-7, dtype, blocks, lerp_from=grads, weight=0.95)
     expected = orthogonalise(
-        [g.lerp(m, 0.95) for g, m in zip(grads, momenta, strict=True)],
-        coefficients,
-        1e-7,
-        dtype,
-        blocks,
-        columns,
+        [g.lerp(m, 0.95) for g, m in zip(grads, momenta, strict=True)], coefficients, 1e-7, dtype, blocks
     )
     for result, reference, shape in zip(looked_ahead, expected, shapes, strict=True):
         assert result.shape == shape and result.dtype == dtype
@@ -462,33 +433,6 @@ def test_row_blocks_must_divide_the_matrix() -> None:
     weight = torch.nn.Parameter(torch.randn(12, 8))
     with pytest.raises(ValueError, match="row blocks of 5 rows do not divide a matrix of 12 rows"):
         Muon([weight], row_blocks={weight: 5})
-    with pytest.raises(ValueError, match="column blocks of 3 columns do not divide a matrix of 8 columns"):
-        Muon([weight], column_blocks={weight: 3})
-    with pytest.raises(ValueError, match="1 matrices are cut into both row and column blocks"):
-        Muon([weight], row_blocks={weight: 4}, column_blocks={weight: 4})
-
-
-def test_muon_out_per_head_cuts_the_output_projections_by_columns_and_leaves_the_state_alone() -> None:
-    torch.manual_seed(0)
-    model = GPT(CONFIG)
-    config = OptimConfig(optimizer="muon", muon_out_per_head=True, weight_decay=0.0)
-    optimizer = build_optimizer(model, config)
-    optimizer.muon.ns_dtype = torch.float32
-    head_dim = CONFIG.n_embd // CONFIG.n_head
-    blocks = {id(p): columns for p, columns in optimizer.muon.column_blocks.items()}
-    assert blocks == {id(block.attn.out_proj.weight): head_dim for block in model.transformer.h}
-    assert not optimizer.muon.row_blocks
-    out_proj = model.transformer.h[0].attn.out_proj
-    before = out_proj.weight.detach().clone()
-    step(model, optimizer)
-    moved = out_proj.weight.detach() - before
-    for head in moved.split(head_dim, dim=1):  # each head's columns moved by a matrix of its own
-        singular = torch.linalg.svdvals(head / 0.02)
-        assert 0.3 < singular.min() and singular.max() < 1.7, singular
-    assert torch.linalg.svdvals(moved / 0.02).max() > 1.2
-    plain = build_optimizer(GPT(CONFIG), OptimConfig(optimizer="muon"))
-    plain.load_state_dict(copy.deepcopy(optimizer.state_dict()))
-    assert plain.state_dict()["muon"]["param_groups"] == optimizer.state_dict()["muon"]["param_groups"]
 
 
 @pytest.mark.parametrize(
@@ -501,8 +445,6 @@ def test_muon_out_per_head_cuts_the_output_projections_by_columns_and_leaves_the
             {"muon_qk_per_head": True, "muon_v_per_head": True, "muon_ns_norm": "gram"},
             ", scaled by the Gram norm, queries, keys and values per head",
         ),
-        ({"muon_out_per_head": True}, ", outputs per head"),
-        ({"muon_v_per_head": True, "muon_out_per_head": True}, ", values and outputs per head"),
     ],
 )
 def test_the_run_summary_says_how_muon_orthogonalises(settings: dict, said: str) -> None:
