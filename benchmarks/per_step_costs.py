@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""Small costs paid every step, which a small model's step feels: Lightning's `self.log`, and QK-norm
+with the rotation as one autograd node or two.
+
+    python benchmarks/per_step_costs.py logging --steps 300   # train.py, the baby shape, calls timed
+    python benchmarks/per_step_costs.py qk_node --case baby    # one node against two, taking turns
+
+`logging` runs train.py in this process with `LightningModule.log` timed, and prints how many calls
+the run made and what they cost. `qk_node` times the forward and backward of a config's model with
+`RotaryEmbedding.normalise_and_rotate` as shipped (one node in fp32) and as F.rms_norm followed by
+the rotation, the two taking turns in one process; the fastest step of each is compared. Both run in
+the precision train.py would choose on this CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ablation import read_yaml, section
+from minigpt.model import GPT, GPTConfig
+from minigpt.model.rotary import RotaryEmbedding
+from minigpt.training.allocator import keep_freed_memory
+from minigpt.training.loss import next_token_loss
+from minigpt.training.precision import cpu_description, resolve_precision
+from speed_check import BABY as BABY_SETTINGS
+
+ROOT = Path(__file__).resolve().parents[1]
+BABY = str(ROOT / "benchmarks" / "baby.yaml")
+CASES = {"baby": ("char.yaml", BABY), "char": ("char.yaml", None), "small": ("small.yaml", None)}
+
+
+def logging_cost(steps: int) -> None:
+    import lightning.pytorch as pl
+
+    calls, seconds = [0], [0.0]
+    log = pl.LightningModule.log
+
+    def timed(self: pl.LightningModule, *args: Any, **kwargs: Any) -> None:
+        start = time.perf_counter()
+        log(self, *args, **kwargs)
+        seconds[0] += time.perf_counter() - start
+        calls[0] += 1
+
+    pl.LightningModule.log = timed
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    sys.argv = ["train.py", "--config", "char.yaml", "--config", BABY, "--trainer.max_steps", str(steps)]
+    sys.argv += ["--trainer.val_check_interval", str(steps + 1), "--trainer.enable_progress_bar", "false"]
+    sys.argv += ["--trainer.default_root_dir", str(Path("runs") / "per_step_costs")]
+    try:
+        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+    except SystemExit as stop:
+        if stop.code:
+            raise
+    print(
+        f"{calls[0]} self.log calls in {steps} steps ({calls[0] / steps:.1f} a step), "
+        f"{seconds[0] * 1000:.0f} ms in all, {seconds[0] / max(calls[0], 1) * 1e6:.0f} us each, "
+        f"{seconds[0] / steps * 1000:.2f} ms a step"
+    )
+
+
+def qk_node_cost(case: str, rounds: int) -> None:
+    file, over = CASES[case]
+    config = read_yaml(file)
+    extra = BABY_SETTINGS if over else {}
+    gpt = section(config, extra, "gpt")
+    if not (gpt.get("qk_norm") and gpt.get("position_embedding") == "rope"):
+        raise SystemExit(f"error: {file} has no QK-norm with rotary positions to time")
+    vocab = 65 if file == "char.yaml" else 4096
+    model = GPT(GPTConfig(**{**gpt, "vocab_size": vocab}))
+    batch = int(extra.get("data.config.batch_size", config["data"]["config"]["batch_size"]))
+    ids = torch.randint(vocab, (batch, model.config.context_length + 1))
+    bf16 = resolve_precision(config["trainer"].get("precision"), "cpu") == "bf16-mixed"
+    one_node = RotaryEmbedding.normalise_and_rotate
+
+    def two_nodes(self: RotaryEmbedding, x: torch.Tensor, start: int) -> torch.Tensor:
+        return self(F.rms_norm(x, (x.size(-1),)), start)
+
+    ways = {"one node": one_node, "two nodes": two_nodes}
+    fastest = dict.fromkeys(ways, float("inf"))
+    for r in range(rounds):
+        for name in list(ways)[r % 2 :] + list(ways)[: r % 2]:
+            RotaryEmbedding.normalise_and_rotate = ways[name]
+            for _ in range(3):
+                start = time.perf_counter()
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    loss = next_token_loss(model(ids[:, :-1]), ids[:, 1:])
+                loss.backward()
+                model.zero_grad(set_to_none=True)
+                fastest[name] = min(fastest[name], time.perf_counter() - start)
+    RotaryEmbedding.normalise_and_rotate = one_node
+    print(f"{case}: forward+backward in {'bf16' if bf16 else 'fp32'}, fastest of {rounds} x 3 steps each")
+    for name, seconds in fastest.items():
+        print(f"  {name}: {seconds * 1000:.2f} ms")
+    print(f"  two nodes / one node: {fastest['two nodes'] / fastest['one node']:.3f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=("logging", "qk_node"))
+    p.add_argument("--steps", type=int, default=300, help="logging: train.py steps")
+    p.add_argument("--case", choices=sorted(CASES), default="baby", help="qk_node: the shape")
+    p.add_argument("--rounds", type=int, default=30, help="qk_node: rounds, the two taking turns")
+    args = p.parse_args()
+    print(f"CPU: {cpu_description()}; torch {torch.__version__}")
+    keep_freed_memory()
+    if args.what == "logging":
+        logging_cost(args.steps)
+    else:
+        qk_node_cost(args.case, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
