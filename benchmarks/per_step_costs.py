@@ -7,7 +7,7 @@ with the rotation as one autograd node or two.
 
 `logging` runs train.py in this process with `LightningModule.log` timed, and prints how many calls
 the run made and what they cost. `qk_node` times the forward and backward of a config's model with
-`RotaryEmbedding.normalise_and_rotate` as shipped (one node in fp32) and as F.rms_norm followed by
+`attention.normalise_and_rotate` as shipped (one node in fp32) and as F.rms_norm followed by
 the rotation, the two taking turns in one process; the fastest step of each is compared. Both run in
 the precision train.py would choose on this CPU.
 """
@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ablation import read_yaml, section
-from minigpt.model import GPT, GPTConfig
-from minigpt.model.rotary import RotaryEmbedding
+from minigpt.model import GPT, GPTConfig, attention
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.loss import next_token_loss
 from minigpt.training.precision import cpu_description, resolve_precision
@@ -79,16 +78,16 @@ def qk_node_cost(case: str, rounds: int) -> None:
     batch = int(extra.get("data.config.batch_size", config["data"]["config"]["batch_size"]))
     ids = torch.randint(vocab, (batch, model.config.context_length + 1))
     bf16 = resolve_precision(config["trainer"].get("precision"), "cpu") == "bf16-mixed"
-    one_node = RotaryEmbedding.normalise_and_rotate
+    one_node = attention.normalise_and_rotate
 
-    def two_nodes(self: RotaryEmbedding, x: torch.Tensor, start: int) -> torch.Tensor:
-        return self(F.rms_norm(x, (x.size(-1),)), start)
+    def two_nodes(x: torch.Tensor, rotary: Any, start: int) -> torch.Tensor:
+        return rotary(F.rms_norm(x, (x.size(-1),)), start)
 
     ways = {"one node": one_node, "two nodes": two_nodes}
     fastest = dict.fromkeys(ways, float("inf"))
     for r in range(rounds):
         for name in list(ways)[r % 2 :] + list(ways)[: r % 2]:
-            RotaryEmbedding.normalise_and_rotate = ways[name]
+            attention.normalise_and_rotate = ways[name]
             for _ in range(3):
                 start = time.perf_counter()
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -96,7 +95,7 @@ def qk_node_cost(case: str, rounds: int) -> None:
                 loss.backward()
                 model.zero_grad(set_to_none=True)
                 fastest[name] = min(fastest[name], time.perf_counter() - start)
-    RotaryEmbedding.normalise_and_rotate = one_node
+    attention.normalise_and_rotate = one_node
     print(f"{case}: forward+backward in {'bf16' if bf16 else 'fp32'}, fastest of {rounds} x 3 steps each")
     for name, seconds in fastest.items():
         print(f"  {name}: {seconds * 1000:.2f} ms")

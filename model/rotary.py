@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -27,16 +26,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """`x` (..., T, hs) at positions start, start + 1, ..., rotated."""
         cos, sin = self.tables(x, start)
-        return x * cos + _swap_halves(x) * sin
-
-    def normalise_and_rotate(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """QK-norm then the rotation: `forward(x / rms(x), start)`, the RMS over the last dimension
-        with fp32's eps as `F.rms_norm`. In fp32 one autograd node does both (`_NormaliseRotate`),
-        whose backward takes about half the passes over x that the two apart take; elsewhere, and
-        when compiled, the two as they are."""
-        if x.dtype == torch.float32 and not torch.compiler.is_compiling():
-            return _NormaliseRotate.apply(x, *self.tables(x, start))
-        return self(F.rms_norm(x, (x.size(-1),)), start)
+        return x * cos + swap_halves(x) * sin
 
     def tables(self, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The cosine and signed sine tables (T, hs) for `x`'s positions from `start`, in its dtype."""
@@ -44,33 +34,7 @@ class RotaryEmbedding(nn.Module):
         return self.cos[start : start + t].to(x.dtype), self.sin[start : start + t].to(x.dtype)
 
 
-def _swap_halves(x: torch.Tensor) -> torch.Tensor:
+def swap_halves(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (x2, x1), the halves of the last dimension."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x2, x1], dim=-1)
-
-
-class _NormaliseRotate(torch.autograd.Function):
-    """y = R(x r), r = 1 / sqrt(mean(x^2) + eps) over the last dimension and R the rotation
-    x * cos + swap_halves(x) * sin. R is orthogonal and commutes with the scalar r, so the gradient
-    is r R^T (g - y mean(g y)): the RMS norm's gradient, rotated back by R^T u = u * cos -
-    swap_halves(u) * sin."""
-
-    @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> torch.Tensor:
-        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        scale = norm.square_().div_(x.size(-1)).add_(torch.finfo(x.dtype).eps).rsqrt_()
-        normalised = x * scale
-        y = torch.addcmul(normalised * cos, _swap_halves(normalised), sin)
-        ctx.save_for_backward(y, scale, cos, sin)
-        return y
-
-    @staticmethod
-    def backward(
-        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-    ) -> tuple[torch.Tensor, None, None]:
-        y, scale, cos, sin = ctx.saved_tensors
-        along = (grad * y).mean(-1, keepdim=True)
-        u = torch.addcmul(grad, y, along, value=-1)
-        return torch.addcmul(u * cos, _swap_halves(u), sin, value=-1).mul_(scale), None, None

@@ -9,10 +9,10 @@ from torch import nn
 from torch.testing import assert_close
 
 from minigpt.model import GPT, ConfigError, GPTConfig
-from minigpt.model.attention import _RMSNormalise, rms_normalise
+from minigpt.model.attention import _NormaliseRotate, _RMSNormalise, normalise_and_rotate, rms_normalise
 from minigpt.model.generation import generate
 from minigpt.model.gpt import parameter_count
-from minigpt.model.rotary import RotaryEmbedding, _NormaliseRotate
+from minigpt.model.rotary import RotaryEmbedding
 
 BASE = dict(vocab_size=50, context_length=16, n_layer=2, n_head=2, n_embd=16)
 LEVERS = {
@@ -91,7 +91,7 @@ def test_qk_norm_and_rotation_in_one_node_match_the_two_apart() -> None:
     projected[0, 0, 0, 0] = 0.0
     ours, torchs = projected.clone().requires_grad_(), projected.clone().requires_grad_()
     grad = torch.randn(2, 2, 4, 8, 16)
-    out = rotary.normalise_and_rotate(ours.permute(2, 0, 3, 1, 4)[:2], 5)
+    out = normalise_and_rotate(ours.permute(2, 0, 3, 1, 4)[:2], rotary, 5)
     reference = rotary(torch.nn.functional.rms_norm(torchs.permute(2, 0, 3, 1, 4)[:2], (16,)), 5)
     out.backward(grad)
     reference.backward(grad)
@@ -102,7 +102,7 @@ def test_qk_norm_and_rotation_in_one_node_match_the_two_apart() -> None:
     assert torch.autograd.gradcheck(lambda v: _NormaliseRotate.apply(v, *double.tables(v, 2)), x)
     bf16 = projected[:, :, 0].bfloat16().transpose(1, 2)
     assert torch.equal(
-        rotary.normalise_and_rotate(bf16, 3), rotary(torch.nn.functional.rms_norm(bf16, (16,)), 3)
+        normalise_and_rotate(bf16, rotary, 3), rotary(torch.nn.functional.rms_norm(bf16, (16,)), 3)
     )
 
 
