@@ -7,8 +7,9 @@ with the rotation as one autograd node or two.
 
 `logging` runs train.py in this process with `LightningModule.log` timed, and prints how many calls
 the run made and what they cost. `qk_node` times the forward and backward of a config's model with
-`attention.normalise_and_rotate` as shipped (one node in fp32) and as F.rms_norm followed by
-the rotation, the two taking turns in one process; the fastest step of each is compared. Both run in
+`attention.normalise_and_rotate` as shipped (one node in fp32) and as QK-norm's own node
+(`attention.rms_normalise`, its fp32 gradient written out) followed by the rotation, as before the
+node, the two taking turns in one process; the fastest step of each is compared. Both run in
 the precision train.py would choose on this CPU.
 """
 
@@ -23,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ablation import read_yaml, section
 from minigpt.model import GPT, GPTConfig, attention
@@ -81,7 +81,7 @@ def qk_node_cost(case: str, rounds: int) -> None:
     one_node = attention.normalise_and_rotate
 
     def two_nodes(x: torch.Tensor, rotary: Any, start: int) -> torch.Tensor:
-        return rotary(F.rms_norm(x, (x.size(-1),)), start)
+        return rotary(attention.rms_normalise(x), start)  # the code before the node
 
     ways = {"one node": one_node, "two nodes": two_nodes}
     fastest = dict.fromkeys(ways, float("inf"))
