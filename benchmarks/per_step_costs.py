@@ -3,14 +3,15 @@
 with the rotation as one autograd node or two.
 
     python benchmarks/per_step_costs.py logging --steps 300   # train.py, the baby shape, calls timed
-    python benchmarks/per_step_costs.py qk_node --case baby    # one node against two, taking turns
+    python benchmarks/per_step_costs.py qk_node --case baby    # the node against earlier forms, taking turns
 
 `logging` runs train.py in this process with `LightningModule.log` timed, and prints how many calls
 the run made and what they cost. `qk_node` times the forward and backward of a config's model with
-`attention.normalise_and_rotate` as shipped (one node in fp32) and as QK-norm's own node
-(`attention.rms_normalise`, its fp32 gradient written out) followed by the rotation, as before the
-node, the two taking turns in one process; the fastest step of each is compared. Both run in
-the precision train.py would choose on this CPU.
+`attention.normalise_and_rotate` as shipped (one node in fp32, rotating a half at a time), as the
+same node rotating the full width (x * cos + swap_halves(x) * sin, as it did before) and as
+QK-norm's own node (`attention.rms_normalise`, its fp32 gradient written out) followed by the
+rotation, as before the node, taking turns in one process; the fastest step of each is compared.
+All run in the precision train.py would choose on this CPU.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from ablation import read_yaml, section
 from minigpt.model import GPT, GPTConfig, attention
+from minigpt.model.rotary import swap_halves
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.loss import next_token_loss
 from minigpt.training.precision import cpu_description, resolve_precision
@@ -80,13 +82,18 @@ def qk_node_cost(case: str, rounds: int) -> None:
     bf16 = resolve_precision(config["trainer"].get("precision"), "cpu") == "bf16-mixed"
     one_node = attention.normalise_and_rotate
 
+    def full_width(x: torch.Tensor, rotary: Any, start: int) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            return one_node(x, rotary, start)
+        return _FullWidthNode.apply(x, *rotary.tables(x, start))
+
     def two_nodes(x: torch.Tensor, rotary: Any, start: int) -> torch.Tensor:
         return rotary(attention.rms_normalise(x), start)  # the code before the node
 
-    ways = {"one node": one_node, "two nodes": two_nodes}
+    ways = {"one node": one_node, "one node, full width": full_width, "two nodes": two_nodes}
     fastest = dict.fromkeys(ways, float("inf"))
     for r in range(rounds):
-        for name in list(ways)[r % 2 :] + list(ways)[: r % 2]:
+        for name in list(ways)[r % 3 :] + list(ways)[: r % 3]:
             attention.normalise_and_rotate = ways[name]
             for _ in range(3):
                 start = time.perf_counter()
@@ -99,7 +106,27 @@ def qk_node_cost(case: str, rounds: int) -> None:
     print(f"{case}: forward+backward in {'bf16' if bf16 else 'fp32'}, fastest of {rounds} x 3 steps each")
     for name, seconds in fastest.items():
         print(f"  {name}: {seconds * 1000:.2f} ms")
-    print(f"  two nodes / one node: {fastest['two nodes'] / fastest['one node']:.3f}")
+    for name in list(ways)[1:]:
+        print(f"  {name} / one node: {fastest[name] / fastest['one node']:.3f}")
+
+
+class _FullWidthNode(torch.autograd.Function):
+    """The node as it was before it rotated a half at a time: the rotation over the full width,
+    a product, a swapped copy and a sum, forward and backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        scale = attention._rms_scale(x)
+        normalised = x * scale
+        y = torch.addcmul(normalised * cos, swap_halves(normalised), sin)
+        ctx.save_for_backward(y, scale, cos, sin)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        y, scale, cos, sin = ctx.saved_tensors
+        u = attention._rms_gradient(grad, y)
+        return torch.addcmul(u * cos, swap_halves(u), sin, value=-1).mul_(scale), None, None
 
 
 def main() -> None:

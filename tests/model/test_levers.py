@@ -9,10 +9,16 @@ from torch import nn
 from torch.testing import assert_close
 
 from minigpt.model import GPT, ConfigError, GPTConfig
-from minigpt.model.attention import _NormaliseRotate, _RMSNormalise, normalise_and_rotate, rms_normalise
+from minigpt.model.attention import (
+    _NormaliseRotate,
+    _RMSNormalise,
+    _rotate,
+    normalise_and_rotate,
+    rms_normalise,
+)
 from minigpt.model.generation import generate
 from minigpt.model.gpt import parameter_count
-from minigpt.model.rotary import RotaryEmbedding
+from minigpt.model.rotary import RotaryEmbedding, swap_halves
 
 BASE = dict(vocab_size=50, context_length=16, n_layer=2, n_head=2, n_embd=16)
 LEVERS = {
@@ -104,6 +110,21 @@ def test_qk_norm_and_rotation_in_one_node_match_the_two_apart() -> None:
     assert torch.equal(
         normalise_and_rotate(bf16, rotary, 3), rotary(torch.nn.functional.rms_norm(bf16, (16,)), 3)
     )
+
+
+def test_the_rotation_by_halves_is_the_full_width_rotation_bit_for_bit_and_contiguous() -> None:
+    """The node rotates a half at a time: the numbers of the full-width form (a product, the
+    swapped copy, one addcmul), forward and back, into a contiguous tensor whatever the input's
+    layout (the attention's queries and keys then reshape without a copy)."""
+    torch.manual_seed(0)
+    rotary = RotaryEmbedding(head_dim=32, context_length=64)
+    x = torch.randn(3, 64, 3, 4, 32).permute(2, 0, 3, 1, 4)[:2]  # the projection's view
+    cos, sin = rotary.tables(x, 0)
+    forward, back = _rotate(x, cos, sin), _rotate(x, cos, sin, back=True)
+    assert torch.equal(forward, torch.addcmul(x * cos, swap_halves(x), sin))
+    assert torch.equal(back, torch.addcmul(x * cos, swap_halves(x), sin, value=-1))
+    assert forward.is_contiguous() and back.is_contiguous()
+    assert_close(_rotate(forward, cos, sin, back=True), x)  # R^T R = I
 
 
 def test_rope_has_no_position_table_and_one_rotation_table_for_every_layer() -> None:
