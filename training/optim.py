@@ -29,20 +29,33 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     if config.embedding_lr is not None:
         tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     matrix_decayed = decayed - tables
+    # Each group's name is its learning rate's name on the dashboards and in the CSV log
+    # (LearningRateMonitor: lr-AdamW/decay, lr-MuonWithAdamW/muon, ...) rather than pg1, pg2.
     groups = [
-        {"params": [p for p in rest if id(p) in matrix_decayed], "weight_decay": config.weight_decay},
-        {"params": [p for p in rest if id(p) not in decayed], "weight_decay": 0.0},
+        {
+            "params": [p for p in rest if id(p) in matrix_decayed],
+            "weight_decay": config.weight_decay,
+            "name": "decay",
+        },
+        {"params": [p for p in rest if id(p) not in decayed], "weight_decay": 0.0, "name": "no_decay"},
     ]
     if tables:
         embeddings = [p for p in rest if id(p) in tables]
-        groups.append({"params": embeddings, "weight_decay": config.weight_decay, "lr": config.embedding_lr})
+        groups.append(
+            {
+                "params": embeddings,
+                "weight_decay": config.weight_decay,
+                "lr": config.embedding_lr,
+                "name": "embeddings",
+            }
+        )
     device = named[0][1].device
     fused = config.fused and device.type in ("cpu", "cuda")
     adamw = torch.optim.AdamW(groups, lr=config.lr, betas=(config.beta1, config.beta2), fused=fused)
     if not matrices:
         return adamw
     muon = Muon(
-        matrices,
+        [{"params": matrices, "name": "muon"}],
         lr=config.muon_lr,
         weight_decay=config.weight_decay,
         momentum=config.muon_momentum,

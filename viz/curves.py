@@ -44,7 +44,7 @@ class RunLog:
     versions: tuple[Path, ...]
     """The `version_N` folders read, in order."""
     metrics: dict[str, Series]
-    """Every logged metric by its CSV column name (`train_loss`, `val_loss`, `lr-AdamW/pg1`, ...)."""
+    """Every logged metric by its CSV column name (`train_loss`, `val_loss`, `lr-AdamW/decay`, ...)."""
     tokens: Series | None
     """Tokens seen against steps: the `tokens_seen` column, else steps x tokens per step from the
     config; None when neither is known."""

@@ -93,8 +93,12 @@ def test_the_headline_run_offline_with_char_tokens(
     monkeypatch.setenv("WANDB_MODE", "disabled")  # wandb offline runs in a subprocess below
     run = tmp_path / "run"
     with caplog.at_level(logging.INFO, logger="minigpt"):
-        assert train_main(small_args(corpus, run, "--data.config.tokenizer", "char")) == 0
+        args = small_args(corpus, run, "--data.config.tokenizer", "char", "--trainer.log_every_n_steps", "1")
+        assert train_main(args) == 0
     check_run(run, caplog.text, "char")
+    # Each learning rate under its parameter group's name, Muon's and AdamW's (not pg1, pg2, pg3).
+    lr_columns = {name for row in read_metrics(run) for name in row if name.startswith("lr-") and row[name]}
+    assert lr_columns == {f"lr-MuonWithAdamW/{group}" for group in ("muon", "decay", "no_decay")}
     capsys.readouterr()
     assert generate_main(["--checkpoint", str(run), "--prompt", "ROMEO:", "--max_new_tokens", "30"]) == 0
     out = capsys.readouterr().out

@@ -81,7 +81,7 @@ def test_wandb_runs_offline_without_credentials(two_processes: Launch) -> None:
     runs = list((two_processes.run / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, "expected one offline wandb run folder under the run's output directory"
     metrics = {"train_loss", "val_loss", "val_ppl", "tokens_per_sec", "tokens_seen", "grad_norm"}
-    metrics |= {"lr-AdamW/pg1", "lr-AdamW/pg2"}
+    metrics |= {"lr-AdamW/decay", "lr-AdamW/no_decay"}  # the groups by name
     config, rows = wandb_logs(runs[0], metrics)
     assert config["model"]["gpt"]["n_layer"] == 2 and config["trainer"]["max_steps"] == 8
     # Every metric is in the history as logged to the CSV file: the same values at the same steps.

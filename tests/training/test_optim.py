@@ -90,3 +90,24 @@ def test_embedding_lr_gives_the_tables_their_own_scheduled_rate() -> None:
 def test_embedding_lr_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="embedding_lr must be positive"):
         OptimConfig(embedding_lr=0.0)
+
+
+def test_parameter_groups_carry_the_names_the_learning_rate_monitor_logs() -> None:
+    """LearningRateMonitor logs a group with a "name" as lr-<optimizer>/<name> instead of pg1, pg2:
+    the groups are named for what they hold, and the names survive a checkpoint round trip."""
+    model = GPT(GPTConfig(vocab_size=40, context_length=8, n_layer=2, n_head=2, n_embd=16, tie_weights=False))
+
+    def names(optimizer: torch.optim.Optimizer) -> list[str]:
+        return [group["name"] for group in optimizer.param_groups]
+
+    assert names(build_optimizer(model, OptimConfig())) == ["decay", "no_decay"]
+    assert names(build_optimizer(model, OptimConfig(embedding_lr=1e-2))) == [
+        "decay",
+        "no_decay",
+        "embeddings",
+    ]
+    muon = build_optimizer(model, OptimConfig(optimizer="muon"))
+    assert names(muon) == ["muon", "decay", "no_decay"]
+    resumed = build_optimizer(model, OptimConfig(optimizer="muon"))
+    resumed.load_state_dict(muon.state_dict())
+    assert names(resumed) == ["muon", "decay", "no_decay"]
