@@ -241,3 +241,23 @@ def test_the_same_in_fp32_where_the_cpu_has_native_bf16(tmp_path: Path) -> None:
     failure = [line for line in result.stdout.splitlines() if line.startswith(("E ", ">", "FAILED"))]
     assert result.returncode == 0, "\n".join(failure[:40]) or result.stdout[-3000:]
     assert "1 passed" in result.stdout
+
+
+def test_a_checkpoint_from_before_the_groups_had_names_resumes_under_the_names_it_began_with(
+    corpus: Path, in_tmp: Path, straight: Path
+) -> None:
+    """Checkpoints written before the optimizer's groups were named hold groups without a "name".
+    They resume exactly, and the learning rates go on under the pg1, pg2, pg3 columns the run's
+    first part logged, not under new ones."""
+    older = in_tmp / "older"
+    assert train_main(small_args(corpus, older, "--trainer.max_steps", "7")) == 0
+    checkpoint = last_checkpoint(older)
+    for inner in checkpoint["optimizer_states"][0].values():  # Muon's and AdamW's state dicts
+        for group in inner["param_groups"]:
+            del group["name"]
+    torch.save(checkpoint, older / "checkpoints" / "last.ckpt")
+    assert train_main(small_args(corpus, older, "--ckpt_path", "last")) == 0
+    with open(older / "csv" / "version_1" / "metrics.csv", newline="") as f:
+        columns = {name for row in csv.DictReader(f) for name, value in row.items() if value}
+    assert {c for c in columns if c.startswith("lr-")} == {f"lr-MuonWithAdamW/pg{i}" for i in (1, 2, 3)}
+    assert step_losses(older) == step_losses(straight)
