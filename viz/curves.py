@@ -233,9 +233,18 @@ def plot_curves(log: RunLog) -> Figure:
         lr_ax.legend(loc="upper right", fontsize="small")
     lr_ax.set_ylabel("learning rate")
     lr_ax.set_xlabel("step")
-    lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    peaks = [float(np.max(log.metrics[name].values)) for name in lr_names]
+    if len(peaks) > 1 and min(peaks) > 0 and max(peaks) > LOG_LR_SPREAD * min(peaks):
+        # Muon's rate and AdamW's differ ~20x: on a linear axis the smaller is a flat line at 0.
+        lr_ax.set_yscale("log")
+    else:
+        lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
     lr_ax.grid(alpha=0.3)
     return fig
+
+
+LOG_LR_SPREAD = 4.0
+"""Learning rates whose peaks differ more than this many times are drawn on a log axis."""
 
 
 def _distinct_lr(metrics: dict[str, Series]) -> list[str]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minigpt.cli.report import report_main
-from minigpt.viz.curves import read_run, smooth, write_curves
+from minigpt.viz.curves import plot_curves, read_run, smooth, write_curves
 
 HEADER = "epoch,lr-AdamW/pg1,lr-AdamW/pg2,step,train_loss,val_loss,val_ppl\n"
 
@@ -141,3 +141,19 @@ def test_command_errors_are_one_line_and_exit_2(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     assert not (run / "report.html").exists()
+
+
+def test_learning_rates_far_apart_share_a_log_axis(tmp_path: Path) -> None:
+    """Muon's rate is ~20x AdamW's: on a linear axis AdamW's would be a flat line at 0, so rates
+    whose peaks differ more than 4x are drawn on a log axis; one rate keeps a linear axis."""
+    header = "epoch,lr-MuonWithAdamW/muon,lr-MuonWithAdamW/decay,step,train_loss,val_loss,val_ppl\n"
+    rows = "".join(
+        f",{0.02 * k / 3},{0.001 * k / 3},{4 * k},,,\n0,,,{4 * k},{4 - k / 2},,\n" for k in (1, 2, 3)
+    )
+    version = tmp_path / "run" / "csv" / "version_0"
+    version.mkdir(parents=True)
+    (version / "metrics.csv").write_text(header + rows)
+    lr_ax = plot_curves(read_run(tmp_path / "run")).axes[1]
+    assert lr_ax.get_yscale() == "log"
+    assert [line.get_label() for line in lr_ax.get_lines()] == ["MuonWithAdamW/decay", "MuonWithAdamW/muon"]
+    assert plot_curves(read_run(make_run(tmp_path / "other"))).axes[1].get_yscale() == "linear"
