@@ -7,11 +7,12 @@ with the rotation as one autograd node or two.
 
 `logging` runs train.py in this process with `LightningModule.log` timed, and prints how many calls
 the run made and what they cost. `qk_node` times the forward and backward of a config's model with
-`attention.normalise_and_rotate` as shipped (one node in fp32, rotating a half at a time), as the
-same node rotating the full width (x * cos + swap_halves(x) * sin, as it did before) and as
-QK-norm's own node (`attention.rms_normalise`, its fp32 gradient written out) followed by the
-rotation, as before the node, taking turns in one process; the fastest step of each is compared.
-All run in the precision train.py would choose on this CPU.
+`attention.normalise_and_rotate` as shipped (one node, rotating a half at a time; in bf16 it
+computes in fp32 and rounds once) and as QK-norm's own node (`attention.rms_normalise`, its fp32
+gradient written out; `F.rms_norm` in bf16) followed by the rotation, as before the node, and in
+fp32 also as the node rotating the full width (x * cos + swap_halves(x) * sin, as it did before),
+taking turns in one process; the fastest step of each is compared. All run in the precision
+train.py would choose on this CPU.
 """
 
 from __future__ import annotations
@@ -83,17 +84,17 @@ def qk_node_cost(case: str, rounds: int) -> None:
     one_node = attention.normalise_and_rotate
 
     def full_width(x: torch.Tensor, rotary: Any, start: int) -> torch.Tensor:
-        if x.dtype != torch.float32:
-            return one_node(x, rotary, start)
         return _FullWidthNode.apply(x, *rotary.tables(x, start))
 
     def two_nodes(x: torch.Tensor, rotary: Any, start: int) -> torch.Tensor:
         return rotary(attention.rms_normalise(x), start)  # the code before the node
 
-    ways = {"one node": one_node, "one node, full width": full_width, "two nodes": two_nodes}
+    ways = {"one node": one_node, "two nodes": two_nodes}
+    if not bf16:  # the full-width node was fp32's alone; bf16 took the two nodes before
+        ways["one node, full width"] = full_width
     fastest = dict.fromkeys(ways, float("inf"))
     for r in range(rounds):
-        for name in list(ways)[r % 3 :] + list(ways)[: r % 3]:
+        for name in list(ways)[r % len(ways) :] + list(ways)[: r % len(ways)]:
             attention.normalise_and_rotate = ways[name]
             for _ in range(3):
                 start = time.perf_counter()

@@ -62,12 +62,21 @@ def rms_normalise(x: torch.Tensor) -> torch.Tensor:
 
 
 def normalise_and_rotate(x: torch.Tensor, rotary: RotaryEmbedding, start: int) -> torch.Tensor:
-    """QK-norm then the rotation: `rotary(rms_normalise(x), start)`. In fp32 one autograd node does
-    both (`_NormaliseRotate`): one backward instead of two, which saves 0.2-0.9% of a forward
-    and backward (benchmarks/RESULTS.md); elsewhere, and when compiled, the two as they are."""
-    if _written_out(x):
-        return _NormaliseRotate.apply(x, *rotary.tables(x, start))
+    """QK-norm then the rotation: `rotary(rms_normalise(x), start)`. In fp32, and in bf16 on a CPU,
+    one autograd node does both (`_NormaliseRotate`), with one backward instead of two; in fp32
+    that saves 0.2-0.9% of a forward and backward, and in bf16, where the node computes in fp32 and
+    rounds once, ~5% of small.yaml's whole step (benchmarks/RESULTS.md). On GPUs in bf16 or fp16,
+    and when compiled, the two as they are."""
+    if _one_node(x):
+        return _NormaliseRotate.apply(x, *rotary.tables(x, start, torch.float32))
     return rotary(rms_normalise(x), start)
+
+
+def _one_node(x: torch.Tensor) -> bool:
+    """Whether QK-norm and the rotation run as `_NormaliseRotate` (eager fp32, or bf16 on a CPU)."""
+    if torch.compiler.is_compiling():
+        return False
+    return x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and x.device.type == "cpu")
 
 
 def _written_out(x: torch.Tensor) -> bool:
@@ -108,24 +117,29 @@ class _NormaliseRotate(torch.autograd.Function):
     """y = R(x r), r = 1 / sqrt(mean(x^2) + eps) over the last dimension and R the rotation
     x * cos + swap_halves(x) * sin. R is orthogonal and commutes with the scalar r, so the gradient
     is r R^T (g - y mean(g y)): the RMS norm's gradient, rotated back by R^T u = u * cos -
-    swap_halves(u) * sin."""
+    swap_halves(u) * sin.
+
+    It computes in fp32 (the tables are fp32; a float64 x stays float64): a bf16 x is widened once,
+    and the output and the gradient are rounded to bf16 once, at the end, where `F.rms_norm` (which
+    also computes in fp32, eps fp32's) and the rotation in bf16 round after every step."""
 
     @staticmethod
     def forward(
         ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> torch.Tensor:
-        scale = _rms_scale(x)
-        y = _rotate(x * scale, cos, sin)
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 widened; fp32 (or fp64) as it is
+        scale = _rms_scale(wide)
+        y = _rotate(wide * scale, cos, sin)
         ctx.save_for_backward(y, scale, cos, sin)
-        return y
+        return y.to(x.dtype)
 
     @staticmethod
     def backward(
         ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
     ) -> tuple[torch.Tensor, None, None]:
         y, scale, cos, sin = ctx.saved_tensors
-        u = _rms_gradient(grad, y)
-        return _rotate(u, cos, sin, back=True).mul_(scale), None, None
+        u = _rms_gradient(grad.to(y.dtype), y)
+        return _rotate(u, cos, sin, back=True).mul_(scale).to(grad.dtype), None, None
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, back: bool = False) -> torch.Tensor:

@@ -28,10 +28,13 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.tables(x, start)
         return x * cos + swap_halves(x) * sin
 
-    def tables(self, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The cosine and signed sine tables (T, hs) for `x`'s positions from `start`, in its dtype."""
-        t = x.shape[-2]
-        return self.cos[start : start + t].to(x.dtype), self.sin[start : start + t].to(x.dtype)
+    def tables(
+        self, x: torch.Tensor, start: int, dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cosine and signed sine tables (T, hs) for `x`'s positions from `start`, in `dtype`
+        (default: x's)."""
+        t, dtype = x.shape[-2], dtype or x.dtype
+        return self.cos[start : start + t].to(dtype), self.sin[start : start + t].to(dtype)
 
 
 def swap_halves(x: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ from torch.testing import assert_close
 from minigpt.model import GPT, ConfigError, GPTConfig
 from minigpt.model.attention import (
     _NormaliseRotate,
+    _one_node,
     _RMSNormalise,
     _rotate,
     normalise_and_rotate,
@@ -89,8 +90,8 @@ def test_rotary_attention_scores_depend_only_on_the_distance_between_positions()
 def test_qk_norm_and_rotation_in_one_node_match_the_two_apart() -> None:
     """The fp32 node that normalises and rotates together (forward, and a backward written out)
     against F.rms_norm then the rotation through autograd, at a start past 0, a zero vector and
-    a non-contiguous input (the projection's view) included; its gradient against finite
-    differences in float64; and bf16, which takes the two apart."""
+    a non-contiguous input (the projection's view) included; and its gradient against finite
+    differences in float64."""
     torch.manual_seed(0)
     rotary = RotaryEmbedding(head_dim=16, context_length=32)
     projected = torch.randn(2, 8, 3, 4, 16) * 3  # (B, T, 3, nh, hs), as attention's projection
@@ -106,10 +107,30 @@ def test_qk_norm_and_rotation_in_one_node_match_the_two_apart() -> None:
     double = RotaryEmbedding(head_dim=8, context_length=16).double()
     x = torch.randn(2, 3, 6, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: _NormaliseRotate.apply(v, *double.tables(v, 2)), x)
-    bf16 = projected[:, :, 0].bfloat16().transpose(1, 2)
-    assert torch.equal(
-        normalise_and_rotate(bf16, rotary, 3), rotary(torch.nn.functional.rms_norm(bf16, (16,)), 3)
-    )
+
+
+def test_in_bf16_on_a_cpu_the_node_computes_in_fp32_and_rounds_once() -> None:
+    """bf16 on a CPU takes the node too: its output and gradient are the fp32 node's on the
+    widened input, rounded to bf16 once, and within bf16's rounding of the two apart (F.rms_norm,
+    then the rotation, each rounding to bf16). fp16, other devices and compiled models keep the
+    two apart."""
+    torch.manual_seed(0)
+    rotary = RotaryEmbedding(head_dim=16, context_length=32)
+    projected = (torch.randn(2, 8, 3, 4, 16) * 3).bfloat16()
+    ours, wide, apart = (projected.clone().requires_grad_() for _ in range(3))
+    wide_grad = torch.randn(2, 2, 4, 8, 16)
+    out = normalise_and_rotate(ours.permute(2, 0, 3, 1, 4)[:2], rotary, 5)
+    reference = normalise_and_rotate(wide.float().permute(2, 0, 3, 1, 4)[:2], rotary, 5)
+    two = rotary(torch.nn.functional.rms_norm(apart.permute(2, 0, 3, 1, 4)[:2], (16,)), 5)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, reference.bfloat16())
+    assert_close(out.float(), two.float(), rtol=0, atol=0.04)  # ~bf16's rounding at values up to ~2
+    out.backward(wide_grad.bfloat16())
+    reference.backward(wide_grad.bfloat16().float())
+    two.backward(wide_grad.bfloat16())
+    assert ours.grad.dtype == torch.bfloat16 and torch.equal(ours.grad, wide.grad)
+    assert_close(ours.grad.float(), apart.grad.float(), rtol=0.02, atol=0.02)
+    assert _one_node(projected) and not _one_node(projected.half())
+    assert not _one_node(torch.empty(2, 16, dtype=torch.bfloat16, device="meta"))
 
 
 def test_the_rotation_by_halves_is_the_full_width_rotation_bit_for_bit_and_contiguous() -> None:
