@@ -6,13 +6,13 @@ with the rotation as one autograd node or two.
     python benchmarks/per_step_costs.py qk_node --case baby    # the node against earlier forms, taking turns
 
 `logging` runs train.py in this process with `LightningModule.log` timed, and prints how many calls
-the run made and what they cost. `qk_node` times the forward and backward of a config's model with
-`attention.normalise_and_rotate` as shipped (one node, rotating a half at a time; in bf16 it
-computes in fp32 and rounds once) and as QK-norm's own node (`attention.rms_normalise`, its fp32
-gradient written out; `F.rms_norm` in bf16) followed by the rotation, as before the node, and in
-fp32 also as the node rotating the full width (x * cos + swap_halves(x) * sin, as it did before),
-taking turns in one process; the fastest step of each is compared. All run in the precision
-train.py would choose on this CPU.
+the run made and what they cost. `qk_node` times training steps of a config's recipe (and their
+forward and backward apart) with `attention.normalise_and_rotate` as shipped (one node, rotating a
+half at a time; in bf16 it computes in fp32 and rounds once), as QK-norm's own node
+(`attention.rms_normalise`, its fp32 gradient written out; `F.rms_norm` in bf16) followed by the
+rotation, as before the node, and in fp32 also as the node rotating the full width (x * cos +
+swap_halves(x) * sin, as it did before), taking turns in one process; the fastest step of each is
+compared. All run in the precision train.py would choose on this CPU.
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ from typing import Any
 
 import torch
 
-from ablation import read_yaml, section
-from minigpt.model import GPT, GPTConfig, attention
+from ablation import read_yaml, section, step_timer
+from minigpt.model import attention
 from minigpt.model.rotary import swap_halves
 from minigpt.training.allocator import keep_freed_memory
-from minigpt.training.loss import next_token_loss
 from minigpt.training.precision import cpu_description, resolve_precision
 from speed_check import BABY as BABY_SETTINGS
 
@@ -77,9 +76,6 @@ def qk_node_cost(case: str, rounds: int) -> None:
     if not (gpt.get("qk_norm") and gpt.get("position_embedding") == "rope"):
         raise SystemExit(f"error: {file} has no QK-norm with rotary positions to time")
     vocab = 65 if file == "char.yaml" else 4096
-    model = GPT(GPTConfig(**{**gpt, "vocab_size": vocab}))
-    batch = int(extra.get("data.config.batch_size", config["data"]["config"]["batch_size"]))
-    ids = torch.randint(vocab, (batch, model.config.context_length + 1))
     bf16 = resolve_precision(config["trainer"].get("precision"), "cpu") == "bf16-mixed"
     one_node = attention.normalise_and_rotate
 
@@ -92,23 +88,26 @@ def qk_node_cost(case: str, rounds: int) -> None:
     ways = {"one node": one_node, "two nodes": two_nodes}
     if not bf16:  # the full-width node was fp32's alone; bf16 took the two nodes before
         ways["one node, full width"] = full_width
+    # A whole training step of the config's recipe per way (its own model and optimizer, the
+    # same seed): the forward and backward, clipping, the optimizer's step, as train.py takes it.
+    timers = {}
+    for name in ways:
+        torch.manual_seed(0)
+        timers[name] = step_timer(config, extra, vocab)
     fastest = dict.fromkeys(ways, float("inf"))
     for r in range(rounds):
         for name in list(ways)[r % len(ways) :] + list(ways)[: r % len(ways)]:
             attention.normalise_and_rotate = ways[name]
-            for _ in range(3):
-                start = time.perf_counter()
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    loss = next_token_loss(model(ids[:, :-1]), ids[:, 1:])
-                loss.backward()
-                model.zero_grad(set_to_none=True)
-                fastest[name] = min(fastest[name], time.perf_counter() - start)
+            fastest[name] = min(fastest[name], *(timers[name]() for _ in range(3)))
     attention.normalise_and_rotate = one_node
-    print(f"{case}: forward+backward in {'bf16' if bf16 else 'fp32'}, fastest of {rounds} x 3 steps each")
+    print(f"{case}: training steps in {'bf16' if bf16 else 'fp32'}, fastest of {rounds} x 3 steps each")
     for name, seconds in fastest.items():
-        print(f"  {name}: {seconds * 1000:.2f} ms")
+        part = timers[name].fastest["forward+backward"]
+        print(f"  {name}: step {seconds * 1000:.2f} ms, forward+backward {part * 1000:.2f} ms")
     for name in list(ways)[1:]:
-        print(f"  {name} / one node: {fastest[name] / fastest['one node']:.3f}")
+        step = fastest[name] / fastest["one node"]
+        part = timers[name].fastest["forward+backward"] / timers["one node"].fastest["forward+backward"]
+        print(f"  {name} / one node: step {step:.3f}, forward+backward {part:.3f}")
 
 
 class _FullWidthNode(torch.autograd.Function):
