@@ -63,10 +63,11 @@ def rms_normalise(x: torch.Tensor) -> torch.Tensor:
 
 def normalise_and_rotate(x: torch.Tensor, rotary: RotaryEmbedding, start: int) -> torch.Tensor:
     """QK-norm then the rotation: `rotary(rms_normalise(x), start)`. In fp32, and in bf16 on a CPU,
-    one autograd node does both (`_NormaliseRotate`), with one backward instead of two; in fp32
-    that saves 0.2-0.9% of a forward and backward, and in bf16, where the node computes in fp32 and
-    rounds once, ~5% of small.yaml's whole step (benchmarks/RESULTS.md). On GPUs in bf16 or fp16,
-    and when compiled, the two as they are."""
+    one autograd node does both (`_NormaliseRotate`), with one backward instead of two. Against the
+    two, a training step is ~2% faster at the baby shape in fp32, and in bf16, where the node
+    computes in fp32 and rounds once, ~5% at the baby shape, ~3% at char.yaml's and ~1% at
+    small.yaml's (`benchmarks/per_step_costs.py qk_node`, benchmarks/RESULTS.md). On GPUs in bf16
+    or fp16, and when compiled, the two as they are."""
     if _one_node(x):
         return _NormaliseRotate.apply(x, *rotary.tables(x, start, torch.float32))
     return rotary(rms_normalise(x), start)
