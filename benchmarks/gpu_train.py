@@ -13,6 +13,8 @@ and loss stay eager, as ours.
 
     python benchmarks/gpu_train.py                        # about 80 s on one H100
     python benchmarks/gpu_train.py --batch 16 --no-compile --out gpu.md
+    python benchmarks/gpu_train.py --config modern-124m.yaml             # small.yaml's recipe
+    python benchmarks/gpu_train.py --config modern-124m.yaml --levers    # its levers one at a time
 
 Figures: each step's time is read between CUDA events recorded around consecutive steps (the
 host runs ahead as in training), after warm-up steps; the table gives medians. MFU is model FLOPs
@@ -20,11 +22,16 @@ host runs ahead as in training), after warm-up steps; the table gives medians. M
 bf16 dense peak measured in the same run: the median of large square bf16 matrix products, taken
 before and after the steps (the faster of the two counts). Muon's cost is its step's time minus
 AdamW's on the same model; the optimizer step alone is timed too, on the last step's gradients.
+
+`--levers` times, eager with AdamW, GPT-2's recipe at the config's shape, that recipe with each of
+the config's levers alone (each model setting where the config differs from `gpt2-124m.yaml`), and
+the config in full, the models taking turns in one process: what each lever costs a step on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import statistics
 import sys
@@ -176,6 +183,52 @@ def time_contestant(
     return rows
 
 
+GPT2_RECIPE = "gpt2-124m.yaml"
+SHAPE = ("vocab_size", "context_length", "n_layer", "n_head", "n_embd", "dropout")
+"""Settings that make the shape, not the recipe: `--levers` keeps the config's."""
+
+
+def lever_variants(config: GPTConfig, base: GPTConfig) -> dict[str, GPTConfig]:
+    """GPT-2's recipe (`base`'s settings) at `config`'s shape, that with each setting in which `config`
+    differs from it alone, and `config` itself."""
+    gpt2 = replace(base, **{name: getattr(config, name) for name in SHAPE})
+    levers = [f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(gpt2, f.name)]
+    if config.activation != "gelu" and "gelu_approximate" in levers:
+        levers.remove("gelu_approximate")  # no GELU left to approximate
+    variants = {"GPT-2's recipe": gpt2}
+    for name in levers:
+        variants[f"{name}={getattr(config, name)}"] = replace(gpt2, **{name: getattr(config, name)})
+    variants["the config"] = config
+    return variants
+
+
+def time_levers(
+    variants: dict[str, GPTConfig],
+    optim: OptimConfig,
+    batches: list[tuple[torch.Tensor, torch.Tensor]],
+    rounds: int,
+    steps: int,
+) -> str:
+    """Median eager step of each variant, the models taking turns `rounds` times, against the first."""
+    runs = {}
+    for name, config in variants.items():
+        model, loss_of = ours(config, optim, False)
+        runs[name] = training_step(model, loss_of, build_optimizer(model, optim), optim.grad_clip, batches)
+        events_between(runs[name], 4)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds):
+        for name in list(variants) if r % 2 == 0 else list(reversed(variants)):
+            events_between(runs[name], 2)
+            times[name] += events_between(runs[name], steps)
+    first = statistics.median(next(iter(times.values())))
+    tokens = batches[0][0].numel()
+    lines = ["| model | ms/step | tokens/s | against GPT-2's recipe |", "|---|---|---|---|"]
+    for name, seconds in times.items():
+        step = statistics.median(seconds)
+        lines.append(f"| {name} | {step * 1e3:.1f} | {tokens / step:,.0f} | {step / first:.3f}x |")
+    return "\n".join(lines)
+
+
 def table(rows: list[Row], tokens: int, flops_per_token: int, peak: float) -> str:
     lines = [
         "| model | compile | optimizer | ms/step | tokens/s | MFU | optimizer step ms | Muon's cost per step "
@@ -208,6 +261,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20, help="timed steps per contestant")
     p.add_argument("--no-compile", action="store_true", help="eager contestants only")
     p.add_argument("--no-peer", action="store_true", help="without transformers' GPT2LMHeadModel")
+    p.add_argument(
+        "--levers", action="store_true", help="the config's levers one at a time on GPT-2's recipe, eager"
+    )
+    p.add_argument("--rounds", type=int, default=6, help="--levers: rounds, the models taking turns")
     p.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -236,6 +293,21 @@ def main() -> None:
     batches = [(i[:, :-1], i[:, 1:]) for i in ids]
 
     start = time.perf_counter()
+    tokens = batch * gpt.context_length
+    if args.levers:
+        base = GPTConfig(**read_yaml(GPT2_RECIPE)["model"]["gpt"])
+        result = time_levers(lever_variants(gpt, base), adamw, batches, args.rounds, args.steps // 2)
+        report = (
+            f"{torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}); "
+            f"{gpt.n_layer} layers x {gpt.n_head} heads x {gpt.n_embd} wide, context {gpt.context_length}, "
+            f"batch {batch} ({tokens:,} tokens per step), bf16 autocast, eager, AdamW; medians of "
+            f"{args.rounds} x {args.steps // 2} steps, the models taking turns; "
+            f"{time.perf_counter() - start:.0f} s in all\n\n{result}"
+        )
+        print(report)
+        if args.out:
+            args.out.write_text(report + "\n", encoding="utf-8")
+        return
     peaks = [matmul_peak()]
     rows: list[Row] = []
     for compiled in (False, True) if not args.no_compile else (False,):
@@ -254,7 +326,6 @@ def main() -> None:
     peaks.append(matmul_peak())
     peak = max(peaks)
 
-    tokens = batch * gpt.context_length
     flops = training_flops_per_token(gpt)
     report = (
         f"{torch.cuda.get_device_name()}, torch {torch.__version__} (CUDA {torch.version.cuda}); "
