@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import lightning as L
 import pytest
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
@@ -20,7 +21,7 @@ from minigpt.data import DataConfig, TextDataModule
 from minigpt.model import GPT, GPTConfig
 from minigpt.training import throughput
 from minigpt.training.config import SampleConfig
-from minigpt.training.console import RunSummary, StepProgressBar
+from minigpt.training.console import RunSummary, StepProgressBar, compile_tip
 from minigpt.training.dashboard import SampleText
 from minigpt.training.flops import training_flops_per_token
 from minigpt.training.lit import LitGPT
@@ -157,6 +158,17 @@ def test_the_run_summary_says_what_will_happen_and_what_did(
         "done: 6 steps, 384 tokens in" in text
         and f"best val loss {best:.3f} ({bpb:.3f} bits per byte)" in text
     )
+
+
+def test_the_run_summary_suggests_compiling_only_an_eager_gpu_run_of_rope_or_qk_norm() -> None:
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    modern = GPTConfig(vocab_size=65, position_embedding="rope", qk_norm=True)
+    assert "--model.compile true" in compile_tip(cuda, modern, compiled=False)
+    assert "--model.compile true" in compile_tip(cuda, replace(modern, qk_norm=False), compiled=False)
+    assert "--model.compile true" in compile_tip(cuda, replace(modern, position_embedding="learned"), False)
+    assert compile_tip(cuda, modern, compiled=True) is None
+    assert compile_tip(cpu, modern, compiled=False) is None  # the gap it cites was measured on a GPU
+    assert compile_tip(cuda, GPTConfig(vocab_size=65), compiled=False) is None  # GPT-2's recipe
 
 
 def test_samples_go_to_the_run_folder(corpus: Path, tmp_path: Path) -> None:
