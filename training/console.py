@@ -117,9 +117,10 @@ class RunSummary(L.Callback):
 
     Before: the model (shape, parameters), the data (tokens per split), the steps (tokens per
     step and in all, passes over the training tokens), the compute (FLOPs per token) and where
-    the files go; on a GPU, a tip to compile a recipe with RoPE or QK-norm that runs eager. After: steps, tokens and wall time, the best validation loss with its bits per
-    byte, where the best checkpoint and the report are, and what evaluating tasks during training
-    cost (`EvaluateTasks`).
+    the files go; on a GPU, a tip to compile a recipe with RoPE or QK-norm that runs eager.
+    After: steps, tokens and wall time, the best validation loss with its bits per byte, where
+    the best checkpoint and the report are, and what evaluating tasks during training cost
+    (`EvaluateTasks`).
     """
 
     def __init__(self) -> None:
