@@ -4,6 +4,7 @@ with the rotation as one autograd node or two.
 
     python benchmarks/per_step_costs.py logging --steps 300   # train.py, the baby shape, calls timed
     python benchmarks/per_step_costs.py qk_node --case baby    # the node against earlier forms, taking turns
+    python benchmarks/per_step_costs.py maps --case char       # the attention maps drawn at each validation
 
 `logging` runs train.py in this process with `LightningModule.log` timed, and prints how many calls
 the run made and what they cost. `qk_node` times training steps of a config's recipe (and their
@@ -12,7 +13,10 @@ half at a time; in bf16 it computes in fp32 and rounds once), as QK-norm's own n
 (`attention.rms_normalise`, its fp32 gradient written out; `F.rms_norm` in bf16) followed by the
 rotation, as before the node, and in fp32 also as the node rotating the full width (x * cos +
 swap_halves(x) * sin, as it did before), taking turns in one process; the fastest step of each is
-compared. All run in the precision train.py would choose on this CPU.
+compared. All run in the precision train.py would choose on this CPU. `maps` times what
+`AttentionMaps` does after each validation (every layer's grid for its prompt, as PNGs) at a
+config's shape, with the first grid lending its layout to the others as shipped and with each grid
+laid out by itself as before, taking turns, and checks that the two draw the same pixels.
 """
 
 from __future__ import annotations
@@ -110,6 +114,47 @@ def qk_node_cost(case: str, rounds: int) -> None:
         print(f"  {name} / one node: step {step:.3f}, forward+backward {part:.3f}")
 
 
+def maps_cost(case: str, rounds: int) -> None:
+    from minigpt.data import CharTokenizer
+    from minigpt.model import GPT, GPTConfig
+    from minigpt.training.dashboard import AttentionMaps
+    from minigpt.viz import attention as maps
+
+    file, over = CASES[case]
+    gpt = section(read_yaml(file), BABY_SETTINGS if over else {}, "gpt")
+    prompt = AttentionMaps().prompt
+    tokenizer = CharTokenizer("".join(sorted(set(prompt))))  # one token a character, as char.yaml's
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**gpt, "vocab_size": len(set(prompt))})).eval()
+
+    def draw() -> list[bytes]:
+        return [maps.figure_to_png(f) for f in maps.attention_figures(model, tokenizer, prompt).values()]
+
+    shipped = maps.fix_layout
+
+    def each_alone(fig: Any) -> None:
+        return None  # no figure lends its layout: each runs the layout solver, as before
+
+    ways = {"layout lent": shipped, "each laid out": each_alone}
+    fastest = dict.fromkeys(ways, float("inf"))
+    pngs = {}
+    for r in range(rounds):
+        for name in list(ways)[r % 2 :] + list(ways)[: r % 2]:
+            maps.fix_layout = ways[name]
+            start = time.perf_counter()
+            pngs[name] = draw()
+            fastest[name] = min(fastest[name], time.perf_counter() - start)
+    maps.fix_layout = shipped
+    same = pngs["layout lent"] == pngs["each laid out"]
+    print(
+        f"{case}: {gpt['n_layer']} layers x {gpt['n_head']} heads, {len(prompt)} tokens; fastest of {rounds}"
+    )
+    for name, seconds in fastest.items():
+        print(f"  {name}: {seconds:.2f} s for {len(pngs[name])} PNGs")
+    ratio = fastest["each laid out"] / fastest["layout lent"]
+    print(f"  each laid out / layout lent: {ratio:.2f}; the same pixels: {same}")
+
+
 class _FullWidthNode(torch.autograd.Function):
     """The node as it was before it rotated a half at a time: the rotation over the full width,
     a product, a swapped copy and a sum, forward and backward."""
@@ -131,15 +176,17 @@ class _FullWidthNode(torch.autograd.Function):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("logging", "qk_node"))
+    p.add_argument("what", choices=("logging", "qk_node", "maps"))
     p.add_argument("--steps", type=int, default=300, help="logging: train.py steps")
-    p.add_argument("--case", choices=sorted(CASES), default="baby", help="qk_node: the shape")
+    p.add_argument("--case", choices=sorted(CASES), default="baby", help="qk_node, maps: the shape")
     p.add_argument("--rounds", type=int, default=30, help="qk_node: rounds, the two taking turns")
     args = p.parse_args()
     print(f"CPU: {cpu_description()}; torch {torch.__version__}")
     keep_freed_memory()
     if args.what == "logging":
         logging_cost(args.steps)
+    elif args.what == "maps":
+        maps_cost(args.case, min(args.rounds, 6))
     else:
         qk_node_cost(args.case, args.rounds)
 

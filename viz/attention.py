@@ -76,9 +76,11 @@ def head_figure(
     title: str = "",
     annotate: bool = False,
     max_tokens: int = MAX_TOKENS,
+    layout_of: Figure | None = None,
 ) -> Figure:
-    """One head's weights (T, T) as a heatmap; `annotate` writes each weight in its cell."""
-    return _grid([("", weights)], labels, title, annotate, max_tokens)
+    """One head's weights (T, T) as a heatmap; `annotate` writes each weight in its cell.
+    `layout_of`: see `layer_figure`."""
+    return _grid([("", weights)], labels, title, annotate, max_tokens, layout_of)
 
 
 def layer_figure(
@@ -88,9 +90,25 @@ def layer_figure(
     title: str = "",
     annotate: bool = False,
     max_tokens: int = MAX_TOKENS,
+    layout_of: Figure | None = None,
 ) -> Figure:
-    """One layer's weights (n_head, T, T) as a grid with a panel per head, titled "head h"."""
-    return _grid([(f"head {h}", w) for h, w in enumerate(weights)], labels, title, annotate, max_tokens)
+    """One layer's weights (n_head, T, T) as a grid with a panel per head, titled "head h".
+
+    `layout_of`, a figure drawn by this function for as many heads, the same labels and a title of
+    as many lines, lends its layout: the panels take its places instead of running the layout
+    solver again. The solver measures every tick label and costs as much as drawing the figure."""
+    panels = [(f"head {h}", w) for h, w in enumerate(weights)]
+    return _grid(panels, labels, title, annotate, max_tokens, layout_of)
+
+
+def fix_layout(fig: Figure) -> Figure:
+    """Lay `fig` out once, now, and keep those places: drawing it no longer runs the layout solver,
+    and the figure can lend its layout (`layer_figure`'s `layout_of`)."""
+    engine = fig.get_layout_engine()
+    if engine is not None:
+        engine.execute(fig)
+        fig.set_layout_engine("none")
+    return fig
 
 
 def _grid(
@@ -99,6 +117,7 @@ def _grid(
     title: str,
     annotate: bool,
     max_tokens: int,
+    layout_of: Figure | None = None,
 ) -> Figure:
     t = len(labels)
     shown = min(t, max_tokens)
@@ -110,7 +129,8 @@ def _grid(
     rows = math.ceil(len(panels) / cols)
     # Inches per panel: about 13 pt a cell at 64 tokens; written weights need wider cells.
     panel = max(5.0 if annotate else 3.5, 0.18 * shown)
-    fig = Figure(figsize=(cols * panel + 1.5, rows * panel + 1.0), layout="constrained")
+    size = (cols * panel + 1.5, rows * panel + 1.0)
+    fig = Figure(figsize=size, layout="constrained" if layout_of is None else None)
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, (name, weights) in zip(axes, panels, strict=False):
@@ -121,7 +141,19 @@ def _grid(
     fig.colorbar(image, ax=list(axes[: len(panels)]), shrink=0.6, label="attention weight")
     if title:
         fig.suptitle(title)
+    if layout_of is not None:
+        _take_layout(fig, layout_of)
     return fig
+
+
+def _take_layout(fig: Figure, like: Figure) -> None:
+    """Put `fig`'s axes (the panels, then the colour bar) and title where `like` has them."""
+    if tuple(fig.get_size_inches()) != tuple(like.get_size_inches()) or len(fig.axes) != len(like.axes):
+        raise ValueError("layout_of must be a figure of the same size and panels")
+    for ax, model in zip(fig.axes, like.axes, strict=True):
+        ax.set_position(model.get_position(original=False), which="both")
+    if fig._suptitle is not None and like._suptitle is not None:  # constrained layout moves it too
+        fig._suptitle.set_position(like._suptitle.get_position())
 
 
 def _draw_head(ax: Axes, weights: np.ma.MaskedArray, labels: Sequence[str], annotate: bool) -> AxesImage:
@@ -198,16 +230,22 @@ def attention_figures(
     weights = model.attention_weights(idx)
     labels = token_labels(tokenizer, ids)
     figures = {}
+    # Every layer's grid has the same panels, labels and title lines, and so does every head's
+    # figure: the first of each is laid out and lends its places to the others.
+    grid = single = None
     for layer in chosen:
         heads = weights[layer][0]  # (n_head, T, T)
         title = (
             f'layer {layer}: attention over "{visible_token(prompt[:40])}{"…" if len(prompt) > 40 else ""}"'
         )
-        figures[f"layer{layer}"] = layer_figure(heads, labels, title=title, max_tokens=max_tokens)
+        figure = layer_figure(heads, labels, title=title, max_tokens=max_tokens, layout_of=grid)
+        grid = grid or fix_layout(figure)
+        figures[f"layer{layer}"] = figure
         for h in range(heads.shape[0]) if per_head else ():
-            figures[f"layer{layer}_head{h}"] = head_figure(
-                heads[h], labels, title=f"layer {layer}, head {h}", max_tokens=max_tokens
-            )
+            title = f"layer {layer}, head {h}"
+            figure = head_figure(heads[h], labels, title=title, max_tokens=max_tokens, layout_of=single)
+            single = single or fix_layout(figure)
+            figures[f"layer{layer}_head{h}"] = figure
     return figures
 
 

@@ -13,18 +13,21 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 from torch.testing import assert_close
 
 from minigpt.cli.visualize import visualize_main
 from minigpt.common import UsageError
 from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig, MultiHeadAttention
+from minigpt.viz import attention as attention_module
 from minigpt.viz.attention import (
     COLORMAP,
     SEED_INPUTS,
     SEED_WORDS,
     attention_figures,
     figure_to_png,
+    fix_layout,
     head_figure,
     layer_figure,
     seed_example,
@@ -86,6 +89,28 @@ def test_heatmaps_hold_the_models_attention_weights() -> None:
                 drawn = torch.from_numpy(data.filled(0.0)).float()
                 assert_close(drawn, weights[layer][0, h], rtol=0, atol=1e-7)
                 assert_close(drawn.sum(-1), torch.ones(len(PROMPT)))
+
+
+def test_figures_that_borrow_the_first_ones_layout_draw_the_same_pixels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = tiny_model()
+    lent = attention_figures(model, TOKENIZER, PROMPT, per_head=True)
+    solvers = [fig.get_layout_engine() for fig in lent.values()]
+    assert not any(isinstance(engine, ConstrainedLayoutEngine) for engine in solvers)  # none runs it again
+    monkeypatch.setattr(attention_module, "fix_layout", lambda fig: None)  # each lays itself out
+    own = attention_figures(model, TOKENIZER, PROMPT, per_head=True)
+    assert own.keys() == lent.keys() and len(lent) == 2 + 2 * 3
+    for name in lent:
+        assert figure_to_png(lent[name]) == figure_to_png(own[name]), name
+
+
+def test_a_figure_lends_its_layout_only_to_one_of_its_size_and_panels() -> None:
+    weights = torch.eye(4).expand(3, 4, 4)
+    like = fix_layout(layer_figure(weights, list("abcd"), title="one"))
+    assert figure_to_png(layer_figure(weights, list("abcd"), title="two", layout_of=like))
+    with pytest.raises(ValueError, match="same size and panels"):
+        layer_figure(weights[:2], list("abcd"), title="two", layout_of=like)
 
 
 def test_both_axes_show_each_token_with_whitespace_made_visible() -> None:
