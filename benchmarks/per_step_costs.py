@@ -179,16 +179,18 @@ def main() -> None:
     p.add_argument("what", choices=("logging", "qk_node", "maps"))
     p.add_argument("--steps", type=int, default=300, help="logging: train.py steps")
     p.add_argument("--case", choices=sorted(CASES), default="baby", help="qk_node, maps: the shape")
-    p.add_argument("--rounds", type=int, default=30, help="qk_node: rounds, the two taking turns")
+    p.add_argument(
+        "--rounds", type=int, default=None, help="qk_node, maps: rounds, the ways taking turns (30; maps 4)"
+    )
     args = p.parse_args()
     print(f"CPU: {cpu_description()}; torch {torch.__version__}")
     keep_freed_memory()
     if args.what == "logging":
         logging_cost(args.steps)
     elif args.what == "maps":
-        maps_cost(args.case, min(args.rounds, 6))
+        maps_cost(args.case, args.rounds or 4)
     else:
-        qk_node_cost(args.case, args.rounds)
+        qk_node_cost(args.case, args.rounds or 30)
 
 
 if __name__ == "__main__":

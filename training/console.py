@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 
 from minigpt.common import duration
-from minigpt.model import MultiHeadAttention
+from minigpt.model import GPTConfig, MultiHeadAttention
 from minigpt.model.gpt import parameter_count
 
 from .flops import training_flops_per_token
@@ -88,7 +88,7 @@ def _orthogonalisation(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
     )
 
 
-def compile_tip(device: torch.device, config: Any, compiled: bool) -> str | None:
+def compile_tip(device: torch.device, config: GPTConfig, compiled: bool) -> str | None:
     """A line for an eager run on a GPU of a recipe with RoPE or QK-norm, whose elementwise passes
     over the queries and keys `torch.compile` fuses; None for any other run."""
     if device.type != "cuda" or compiled or not (config.qk_norm or config.position_embedding == "rope"):
