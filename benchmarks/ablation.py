@@ -180,12 +180,14 @@ def ema_decay(config: dict[str, Any], extra: dict[str, Any]) -> float | None:
     return None
 
 
-def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int) -> Any:
+def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int, compiled: bool = False) -> Any:
     """A function that runs one training step of the variant and returns its seconds (with the
     weight average's update after the optimizer's step, where the variant keeps one). Its
     `fastest` dict keeps the fastest forward+backward and optimizer part (clipping, the step, the
-    average) seen."""
+    average) seen. `compiled`: the blocks through `torch.compile`, as `--model.compile true` runs
+    them (the LM head and the loss stay eager); the first call compiles."""
     gpt = GPT(GPTConfig(**{**section(config, extra, "gpt"), "vocab_size": vocab_size}))
+    features = torch.compile(gpt.features) if compiled else gpt.features
     optimizer = build_optimizer(gpt, OptimConfig(**section(config, extra, "optim")))
     decay = ema_decay(config, extra)
     average = None
@@ -201,7 +203,7 @@ def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int) -
     def step() -> float:
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = next_token_loss(gpt(x), y)
+            loss = next_token_loss(gpt.lm_head(features(x)), y)
         loss.backward()
         backward = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)

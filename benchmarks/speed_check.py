@@ -19,6 +19,11 @@ GELU) are timed beside them, so the table also gives the recipe's step speed aga
     python benchmarks/speed_check.py --cases baby --rounds 5
     python benchmarks/speed_check.py --cases baby --phases  # also forward+backward and optimizer apart
     python benchmarks/speed_check.py --cases baby --rounds 4 --train-steps 300  # also through train.py
+    python benchmarks/speed_check.py --cases char --rounds 6 --compiled  # also with torch.compile
+
+`--compiled` also times each recipe with its blocks through `torch.compile`, as `train.py
+--model.compile true` runs them, in the same rounds: the compiled step's speed-up over the eager one,
+and the first step of each, which pays for compiling (inductor's cache, when warm, pays most of it).
 
 `--train-steps N` also runs `train.py` for N steps of each case with each recipe, taking turns for
 `--rounds` rounds (wandb off, no validation): the steps/s a user sees, Lightning's loop, logging and
@@ -85,6 +90,7 @@ class Case:
     dtype: torch.dtype
     timers: dict[str, Any] = field(default_factory=dict)
     best: dict[str, float] = field(default_factory=dict)
+    first: dict[str, float] = field(default_factory=dict)
     ceiling: float = float("inf")
 
 
@@ -93,7 +99,7 @@ def vocab_size(config: dict[str, Any], work: Path) -> int:
     return prepare(DataConfig(**data)).tokenizer().n_vocab
 
 
-def build_case(name: str, work: Path) -> Case:
+def build_case(name: str, work: Path, compiled: bool = False) -> Case:
     file, extra = CASES[name]
     config = read_yaml(file)
     gpt2 = merged(config, read_yaml("recipes/gpt2.yaml"))
@@ -107,6 +113,9 @@ def build_case(name: str, work: Path) -> Case:
     bf16 = resolve_precision(config["trainer"].get("precision"), "cpu") == "bf16-mixed"
     case = Case(name, config, extra, shape, torch.bfloat16 if bf16 else torch.float32)
     case.timers = {"recipe": step_timer(config, extra, vocab), "gpt2": step_timer(gpt2, extra, vocab)}
+    if compiled:
+        case.timers["recipe compiled"] = step_timer(config, extra, vocab, compiled=True)
+        case.timers["gpt2 compiled"] = step_timer(gpt2, extra, vocab, compiled=True)
     return case
 
 
@@ -135,8 +144,8 @@ def measure(cases: list[Case], rounds: int, steps: int) -> dict[str, int]:
     """Times every case's recipes for `rounds` rounds; returns the steps per round of each case."""
     per_round = {}
     for case in cases:
-        for timer in case.timers.values():
-            timer()  # warm up: first-touch allocations, oneDNN's kernel choice
+        for which, timer in case.timers.items():
+            case.first[which] = timer()  # warm up: first-touch allocations, oneDNN's kernel choice, compiling
             seconds = timer()
         per_round[case.name] = max(steps, math.ceil(ROUND_SECONDS / seconds))
     for r in range(rounds):
@@ -212,6 +221,12 @@ def main() -> None:
         help="also print each recipe's fastest forward+backward and optimizer part: where a step's time goes",
     )
     p.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also time each recipe with its blocks compiled, as --model.compile true runs them: "
+        "the step's speed-up, and the first step's time, which pays for compiling",
+    )
+    p.add_argument(
         "--train-steps",
         type=int,
         default=0,
@@ -234,7 +249,7 @@ def main() -> None:
     keep_freed_memory()  # as train.py does
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="minigpt-speed-") as tmp:
-        cases = [build_case(name, Path(tmp)) for name in names]
+        cases = [build_case(name, Path(tmp), args.compiled) for name in names]
         per_round = measure(cases, args.rounds, args.steps)
         peak = {name: square_product_speed(dtype) for name, dtype in DTYPES.items()}
         train_py = through_train(cases, args.rounds, args.train_steps, Path(tmp)) if args.train_steps else []
@@ -276,6 +291,20 @@ def main() -> None:
                 print(
                     f"| {case.name} | {which} | {fastest['forward+backward'] * 1e3:.1f} "
                     f"| {fastest['optimizer'] * 1e3:.1f} |"
+                )
+    if args.compiled:
+        print(
+            "\n| case | recipe | eager ms/step | compiled ms/step | compiled's speed-up "
+            "| first step eager s | first step compiled s |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for case in cases:
+            for recipe in ("recipe", "gpt2"):
+                eager, compiled = case.best[recipe], case.best[f"{recipe} compiled"]
+                print(
+                    f"| {case.name} | {recipe} | {eager * 1e3:.0f} | {compiled * 1e3:.0f} "
+                    f"| {eager / compiled:.3f}x "
+                    f"| {case.first[recipe]:.1f} | {case.first[f'{recipe} compiled']:.1f} |"
                 )
     if train_py:
         print(f"\nThrough train.py, {args.train_steps} steps a run (the median of its logged tokens/s):")
