@@ -15,6 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
+import wandb
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 
@@ -102,6 +103,10 @@ class WandbLogger(LightningWandbLogger):
         """
         self.mode = wandb_mode(mode)
         self._wandb_dir: Path | None = None if self.mode == "disabled" else Path(save_dir or ".") / "wandb"
+        if self.mode == "disabled" and kwargs.get("settings") is None:
+            # A disabled run records nothing, yet wandb still asks git about the run folder, which
+            # does not exist yet, and prints "git root ... does not exist" at every start.
+            kwargs["settings"] = wandb.Settings(disable_git=True)
         super().__init__(name=name, save_dir=str(save_dir or "."), project=project, mode=self.mode, **kwargs)
         if self._wandb_init.get("anonymous") is None:
             # Lightning passes anonymous=None along, which wandb answers with a deprecation warning.

@@ -1,4 +1,5 @@
 import pytest
+import wandb
 
 from minigpt.common import UsageError
 from minigpt.training import loggers
@@ -68,3 +69,16 @@ def test_reachability_check_fails_fast_for_a_closed_port(monkeypatch: pytest.Mon
         start = time.perf_counter()
         assert loggers.wandb_reachable(timeout=3.0) is False
         assert time.perf_counter() - start < 2.0
+
+
+@pytest.mark.parametrize("given", [{}, {"settings": None}], ids=["no settings", "settings null (train.py)"])
+def test_a_disabled_run_starts_without_wandb_warning_about_git(
+    given: dict, monkeypatch: pytest.MonkeyPatch, tmp_path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    logger = loggers.WandbLogger(save_dir=tmp_path / "new-run", **given)  # a run folder not made yet
+    try:
+        logger.experiment  # noqa: B018 (starts the run)
+    finally:
+        wandb.finish()  # or the next test's logger would take over this run instead of starting one
+    assert "git root" not in capfd.readouterr().err
