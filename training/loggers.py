@@ -15,7 +15,6 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-import wandb
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 
@@ -106,6 +105,8 @@ class WandbLogger(LightningWandbLogger):
         if self.mode == "disabled" and kwargs.get("settings") is None:
             # A disabled run records nothing, yet wandb still asks git about the run folder, which
             # does not exist yet, and prints "git root ... does not exist" at every start.
+            import wandb  # here: importing it costs ~0.5 s, which only a run with this logger pays
+
             kwargs["settings"] = wandb.Settings(disable_git=True)
         super().__init__(name=name, save_dir=str(save_dir or "."), project=project, mode=self.mode, **kwargs)
         if self._wandb_init.get("anonymous") is None:
