@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ablation import read_yaml, section, step_timer
-from minigpt.model import attention
+from minigpt.model import attention, fast
 from minigpt.model.rotary import swap_halves
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.precision import cpu_description, resolve_precision
@@ -161,7 +161,7 @@ class _FullWidthNode(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        scale = attention._rms_scale(x)
+        scale = fast._rms_scale(x)
         normalised = x * scale
         y = torch.addcmul(normalised * cos, swap_halves(normalised), sin)
         ctx.save_for_backward(y, scale, cos, sin)
@@ -170,7 +170,7 @@ class _FullWidthNode(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         y, scale, cos, sin = ctx.saved_tensors
-        u = attention._rms_gradient(grad, y)
+        u = fast._rms_gradient(grad, y)
         return torch.addcmul(u * cos, swap_halves(u), sin, value=-1).mul_(scale), None, None
 
 

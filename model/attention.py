@@ -10,15 +10,15 @@ save time and memory, and the textbook computation on CPU, where PyTorch's flash
 bf16 training step slower (measured in benchmarks/RESULTS.md). Decoding one token at a time on
 CPU takes SDPA: one call instead of five small ones.
 
-The causal mask is one tensor per context length and device, shared by every layer (`causal_mask`):
-a 12-layer model at context 8,192 holds one 64 MB mask rather than twelve. A context length or
-batch whose mask or attention scores cannot fit in the machine's memory is refused with a
-`ConfigError` naming the setting, before anything is allocated.
+QK-norm and the rotation by position run through the fast paths of `fast.py` (`rms_normalise`,
+`normalise_and_rotate`), each beside its eager reference. The causal mask is one tensor per context
+length and device, shared by every layer (`mask.py`). A batch whose attention scores cannot fit in
+the machine's memory is refused with a `ConfigError` naming the setting, before anything is
+allocated.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 import torch
@@ -27,139 +27,10 @@ from torch import nn
 
 from .config import ATTENTION_PATHS
 from .device import check_fits
+from .fast import normalise_and_rotate, rms_normalise
 from .kv_cache import KVCache
+from .mask import causal_mask, mask_kept_shared
 from .rotary import RotaryEmbedding
-
-_MASKS: weakref.WeakValueDictionary[tuple[int, torch.device], torch.Tensor] = weakref.WeakValueDictionary()
-"""The causal masks alive in some model, by size and device."""
-
-
-def causal_mask(size: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """The (size, size) boolean mask, True above the diagonal ("may not look here").
-
-    Every caller asking for the same size on the same device gets the same tensor, for as long
-    as one of them holds it. Built on `device` (default: PyTorch's default device).
-
-    Raises:
-        ConfigError: the mask is larger than the device's memory (a context length too long).
-    """
-    device = torch.device(device) if device is not None else torch.get_default_device()
-    mask = _MASKS.get((size, device))
-    if mask is None:
-        check_fits(size * size, device, f"model context_length {size}: its {size} x {size} attention mask")
-        mask = torch.ones(size, size, dtype=torch.bool, device=device).triu_(diagonal=1)
-        _MASKS[(size, device)] = mask
-    return mask
-
-
-def rms_normalise(x: torch.Tensor) -> torch.Tensor:
-    """x over the root mean square of its last dimension, without a gain (QK-norm): `F.rms_norm`'s
-    numbers. In fp32 its gradient is written out (`_RMSNormalise`): three passes over x backward
-    where autograd's composite takes six. Elsewhere, and when compiled, torch's own."""
-    if _written_out(x):
-        return _RMSNormalise.apply(x)
-    return F.rms_norm(x, (x.size(-1),))
-
-
-def normalise_and_rotate(x: torch.Tensor, rotary: RotaryEmbedding, start: int) -> torch.Tensor:
-    """QK-norm then the rotation: `rotary(rms_normalise(x), start)`. In fp32, and in bf16 on a CPU,
-    one autograd node does both (`_NormaliseRotate`), with one backward instead of two. Against the
-    two, a training step is ~2% faster at the baby shape in fp32, and in bf16, where the node
-    computes in fp32 and rounds once, ~5% at the baby shape, ~3% at char.yaml's and ~1% at
-    small.yaml's (`benchmarks/per_step_costs.py qk_node`, benchmarks/RESULTS.md). On GPUs in bf16
-    or fp16, and when compiled, the two as they are: on an H100 the fp32 node was 3% slower a step
-    than the two, and a node computing in bf16 1.8% faster, too little for a third path."""
-    if _one_node(x):
-        return _NormaliseRotate.apply(x, *rotary.tables(x, start, torch.float32))
-    return rotary(rms_normalise(x), start)
-
-
-def _one_node(x: torch.Tensor) -> bool:
-    """Whether QK-norm and the rotation run as `_NormaliseRotate` (eager fp32, or bf16 on a CPU)."""
-    if torch.compiler.is_compiling():
-        return False
-    return x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and x.device.type == "cpu")
-
-
-def _written_out(x: torch.Tensor) -> bool:
-    """Whether QK-norm takes the gradients written out here (fp32, eager) rather than autograd's."""
-    return x.dtype == torch.float32 and not torch.compiler.is_compiling()
-
-
-def _rms_scale(x: torch.Tensor) -> torch.Tensor:
-    """1 / sqrt(mean(x^2) + eps) over the last dimension, eps x's dtype's as in `F.rms_norm`."""
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-    return norm.square_().div_(x.size(-1)).add_(torch.finfo(x.dtype).eps).rsqrt_()
-
-
-class _RMSNormalise(torch.autograd.Function):
-    """y = x r with r = 1 / sqrt(mean(x^2) + eps) over the last dimension, eps fp32's as in
-    `F.rms_norm`; the gradient is r (g - y mean(g y))."""
-
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
-        scale = _rms_scale(x)
-        y = x * scale
-        ctx.save_for_backward(y, scale)
-        return y
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
-        y, scale = ctx.saved_tensors
-        return _rms_gradient(grad, y).mul_(scale)
-
-
-def _rms_gradient(grad: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """g - y mean(g y): the RMS norm's gradient before the scale, y its output."""
-    along = (grad * y).mean(-1, keepdim=True)
-    return torch.addcmul(grad, y, along, value=-1)
-
-
-class _NormaliseRotate(torch.autograd.Function):
-    """y = R(x r), r = 1 / sqrt(mean(x^2) + eps) over the last dimension and R the rotation
-    x * cos + swap_halves(x) * sin. R is orthogonal and commutes with the scalar r, so the gradient
-    is r R^T (g - y mean(g y)): the RMS norm's gradient, rotated back by R^T u = u * cos -
-    swap_halves(u) * sin.
-
-    It computes in fp32 (the tables are fp32; a float64 x stays float64): a bf16 x is widened once,
-    and the output and the gradient are rounded to bf16 once, at the end, where `F.rms_norm` (which
-    also computes in fp32, eps fp32's) and the rotation in bf16 round after every step."""
-
-    @staticmethod
-    def forward(
-        ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> torch.Tensor:
-        wide = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 widened; fp32 (or fp64) as it is
-        scale = _rms_scale(wide)
-        y = _rotate(wide * scale, cos, sin)
-        ctx.save_for_backward(y, scale, cos, sin)
-        return y.to(x.dtype)
-
-    @staticmethod
-    def backward(
-        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
-    ) -> tuple[torch.Tensor, None, None]:
-        y, scale, cos, sin = ctx.saved_tensors
-        u = _rms_gradient(grad.to(y.dtype), y)
-        return _rotate(u, cos, sin, back=True).mul_(scale).to(grad.dtype), None, None
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, back: bool = False) -> torch.Tensor:
-    """R x = x * cos + swap_halves(x) * sin (R^T x = x * cos - swap_halves(x) * sin with `back`), a
-    half at a time into a new contiguous tensor: (x1 c - x2 s, x2 c + x1 s) in four calls over
-    halves, where the full width takes a product, a swapped copy and a sum. The numbers are those
-    of `torch.addcmul(x * cos, swap_halves(x), sin)` bit for bit. Contiguous, the queries and keys
-    reshape into the attention's batched products without a copy. Together 0.6-4.6% of a
-    forward and backward at the baby shape in fp32 (`benchmarks/per_step_costs.py qk_node`)."""
-    half = x.size(-1) // 2
-    c, s = cos[..., :half], sin[..., half:]  # the signed sine table's second half is +sin
-    x1, x2 = x[..., :half], x[..., half:]
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    y1, y2 = y[..., :half], y[..., half:]
-    sign = 1 if back else -1
-    torch.mul(x1, c, out=y1).addcmul_(x2, s, value=sign)
-    torch.mul(x2, c, out=y2).addcmul_(x1, s, value=-sign)
-    return y
 
 
 class MultiHeadAttention(nn.Module):
@@ -207,15 +78,9 @@ class MultiHeadAttention(nn.Module):
         self.register_buffer("mask", causal_mask(context_length), persistent=False)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> nn.Module:
-        # `model.to(device)` converts each module's buffers on its own, which would give every
-        # layer a copy of the mask; take the one shared mask of the new device instead.
-        mask = self._buffers.pop("mask")
-        try:
-            super()._apply(fn, recurse)
-        finally:
-            self._buffers["mask"] = mask
-        self._buffers["mask"] = causal_mask(mask.shape[0], fn(mask[:0, :0]).device)
-        return self
+        # Moved or cast, every layer keeps sharing one mask rather than converting a copy.
+        with mask_kept_shared(self, fn):
+            return super()._apply(fn, recurse)
 
     def forward(
         self, x: torch.Tensor, *, kv_cache: KVCache | None = None, return_weights: bool = False

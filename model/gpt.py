@@ -16,6 +16,7 @@ from torch import nn
 from .attention import MultiHeadAttention
 from .config import GPTConfig
 from .device import check_fits
+from .fast import squared_relu
 from .kv_cache import KVCache
 from .rotary import RotaryEmbedding
 
@@ -31,27 +32,7 @@ class SquaredReLU(nn.Module):
     """relu(x)^2 (So et al. 2021, "Primer"), the speedrun community's MLP nonlinearity."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _SquaredReLU.apply(x)
-
-
-class _SquaredReLU(torch.autograd.Function):
-    """relu(x)^2 with its gradient 2 relu(x) g written out: the same numbers as autograd's
-    `torch.relu(x).square()`, in three passes over the MLP's widest tensor (relu and the product
-    forward, one addcmul backward) where autograd takes more than five (pow's general backward,
-    then relu's). It now costs less than GELU forward and backward (benchmarks/RESULTS.md)."""
-
-    @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
-        positive = torch.relu(x)
-        ctx.save_for_backward(positive)
-        return positive * positive  # a multiplication: square() goes through pow
-
-    @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
-        (positive,) = ctx.saved_tensors
-        # 0 + 2 positive grad, in one pass: addcmul's broadcast zero is the only way to
-        # multiply three factors in one kernel.
-        return torch.addcmul(positive.new_zeros(()), positive, grad, value=2)
+        return squared_relu(x)
 
 
 class MLP(nn.Module):

@@ -20,8 +20,8 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_minigpt import MiniGPTConfig
-from .minigpt_attention import causal_mask
 from .minigpt_gpt import GPT
+from .minigpt_mask import causal_mask
 from .minigpt_rotary import RotaryEmbedding
 
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
