@@ -1,10 +1,9 @@
 """Bits per byte and perplexity of a model on any text, over fixed windows with a stated stride.
 
-Bits per byte compare models whatever their tokenizer: the summed loss of the tokens, in bits, over
-the UTF-8 bytes of the text they spell. Perplexity (per token) only compares models that share a
-tokenizer. The text is scored as training validates: documents joined by end-of-text (where the
-tokenizer has one), end-of-text targets counted in the loss per token but, standing for no text,
-not in bits per byte, so every tokenizer is scored on the same bytes.
+Bits per byte compare models whatever their tokenizer; perplexity (per token) only compares models
+that share a tokenizer. The text is scored as training validates: documents joined by end-of-text
+(where the tokenizer has one), every target summed by `BitsPerByte` (`metrics.py`, which says
+what end-of-text counts in each).
 
 Windows of `context_length` tokens start every `stride` tokens; each scores only the tokens the
 window before it did not, so every token is scored once, with at least `context_length - stride`
@@ -18,7 +17,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -35,21 +33,11 @@ class TextScore:
     """Targets scored (every token of the text, and the end-of-text tokens between documents)."""
     bytes: int
     """UTF-8 bytes of the text those targets spell."""
-    nats: float
-    """Summed loss of every target, in nats."""
-    text_nats: float
-    """Summed loss of the targets that stand for text (all but end-of-text), in nats."""
+    bits_per_byte: float
+    loss: float
+    """Mean loss per token, in nats."""
     context_length: int
     stride: int
-
-    @property
-    def bits_per_byte(self) -> float:
-        return self.text_nats / (math.log(2) * self.bytes)
-
-    @property
-    def loss(self) -> float:
-        """Mean loss per token, in nats."""
-        return self.nats / self.tokens
 
     @property
     def perplexity(self) -> float:
@@ -135,9 +123,11 @@ def score_text(
     stream = torch.tensor(token_stream(tokenizer, documents), dtype=torch.long)
     if len(stream) < 2:
         raise DataError("the text is a single token: nothing to predict")
-    byte_lengths = torch.from_numpy(np.asarray(tokenizer.byte_lengths()))
+    from .metrics import BitsPerByte  # here, not at the top: torchmetrics takes ~2 s to import
+
+    # Every process that calls this scores the whole text: there is nothing to add up across them.
+    score = BitsPerByte(tokenizer.byte_lengths(), sync_on_compute=False)
     device = next(model.parameters()).device
-    sums = torch.zeros(4, dtype=torch.float64)  # loss, targets, loss of text targets, bytes
     spans = windows(len(stream), context_length, stride)
     for start in range(0, len(spans), batch_size):
         batch = spans[start : start + batch_size]
@@ -153,10 +143,8 @@ def score_text(
         losses = (
             F.cross_entropy(logits.flatten(0, 1), y.to(device).flatten(), reduction="none").cpu().double()
         )
-        losses, targets = losses[scored.flatten()], y[scored]
-        nbytes = byte_lengths[targets]
-        sums += torch.stack(
-            [losses.sum(), torch.tensor(float(len(targets))), losses[nbytes > 0].sum(), nbytes.sum().double()]
-        )
-    nats, tokens, text_nats, nbytes = sums.tolist()
-    return TextScore(int(tokens), int(nbytes), nats, text_nats, context_length, stride)
+        score.update(losses[scored.flatten()], y[scored])
+    total = {name: value.item() for name, value in score.compute().items()}
+    return TextScore(
+        int(total["targets"]), int(total["bytes"]), total["bpb"], total["loss"], context_length, stride
+    )

@@ -22,6 +22,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel
 from minigpt.checkpoints import MODEL_KEY, CheckpointError, describe
 from minigpt.checkpoints.description import FUNCTION_SETTINGS, PARAMETER_SETTINGS, with_legacy_settings
 from minigpt.checkpoints.pretrained import load_pretrained, open_pretrained
+from minigpt.evaluation.metrics import BitsPerByte
 from minigpt.model import GPT, ConfigError, GPTConfig
 
 from .config import OptimConfig
@@ -82,8 +83,8 @@ class LitGPT(L.LightningModule):
         """Global gradient norm of the last optimizer step, before clipping (None without clipping)."""
         self._token_bytes: torch.Tensor | None = None
         """(n_vocab,) int64: the UTF-8 bytes each token id stands for (0: end-of-text)."""
-        self._val_sums: torch.Tensor | None = None
-        """This rank's validation sums: loss, targets, loss of the targets standing for text, their bytes."""
+        self._val_score: BitsPerByte | None = None
+        """This validation's sums over this rank's targets (a new one each validation)."""
 
     # -- building ---------------------------------------------------------------------------
 
@@ -168,37 +169,23 @@ class LitGPT(L.LightningModule):
         x, y = batch
         chunk_rows = 256 if self.fused_loss else None  # the fused loss never holds all the logits
         losses = token_losses(self.hidden(x), self.model.lm_head.weight, y, chunk_rows)  # (B*T,)
-        if self._token_bytes.device != y.device:
-            self._token_bytes = self._token_bytes.to(y.device)
-        nbytes = self._token_bytes[y.flatten()]
-        text = nbytes > 0
-        sums = torch.stack(
-            [losses.sum(), losses.new_tensor(losses.numel()), losses[text].sum(), nbytes.sum().float()]
-        ).double()
-        self._val_sums = sums if self._val_sums is None else self._val_sums + sums
+        self._val_score.update(losses, y)
 
     def on_validation_epoch_start(self) -> None:
-        self._val_sums = None
+        self._val_score = BitsPerByte(self._token_bytes).to(self.device)
 
     def on_validation_epoch_end(self) -> None:
         """Log val_loss (nats per target token), val_ppl and val_bpb, each from the sums over every
-        rank's targets: the total divided once, so batches and ranks of any size weigh by their
-        tokens. Bits per byte: the loss of the targets that stand for text, in bits, over their
-        UTF-8 bytes; end-of-text targets (zero bytes) are left out of both, so the figure compares
-        tokenizers with and without such a token over the same text."""
+        rank's targets (`BitsPerByte`, which also says what end-of-text counts in each)."""
         # Every rank joins the reduction, also one that scored no batch (it would hang the others).
-        sums = self._val_sums if self._val_sums is not None else torch.zeros(4, dtype=torch.float64)
-        loss, targets, text_loss, nbytes = self.trainer.strategy.reduce(
-            sums.to(self.device), reduce_op="sum"
-        ).tolist()
-        if not targets:
+        score = {name: value.item() for name, value in self._val_score.compute().items()}
+        if not score["targets"]:
             return
-        mean = loss / targets
         # The same on every rank (already summed over them), so sync_dist's mean leaves them as they are.
-        self.log("val_loss", mean, prog_bar=True, sync_dist=True)
-        self.log("val_ppl", math.exp(min(mean, 50.0)), sync_dist=True)  # of the mean loss
-        if nbytes:
-            self.log("val_bpb", text_loss / (math.log(2) * nbytes), prog_bar=True, sync_dist=True)
+        self.log("val_loss", score["loss"], prog_bar=True, sync_dist=True)
+        self.log("val_ppl", math.exp(min(score["loss"], 50.0)), sync_dist=True)  # of the mean loss
+        if score["bytes"]:
+            self.log("val_bpb", score["bpb"], prog_bar=True, sync_dist=True)
 
     # -- checkpoints ------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ def test_every_character_is_scored_once_with_the_context_its_window_gives(char_m
         total -= F.log_softmax(logits, dim=-1)[stream[p]].item()
     score = score_text(model, tokenizer, [TEXT], context_length=8, stride=stride, batch_size=4)
     assert (score.tokens, score.bytes) == (len(TEXT), len(TEXT.encode("utf-8")))
-    assert score.nats == pytest.approx(total, rel=1e-6)
+    assert score.loss == pytest.approx(total / len(TEXT), rel=1e-6)
     assert score.bits_per_byte == pytest.approx(total / math.log(2) / len(TEXT.encode("utf-8")), rel=1e-6)
     assert score.perplexity == pytest.approx(math.exp(total / len(TEXT)), rel=1e-6)
 
