@@ -43,13 +43,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ablation import read_yaml
 from minigpt.model import GPT, GPTConfig
 from minigpt.training.config import OptimConfig
 from minigpt.training.flops import training_flops_per_token
 from minigpt.training.lit import LitGPT
 from minigpt.training.loss import next_token_loss
 from minigpt.training.optim import build_optimizer
+
+from suite.configs import read_yaml
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """Mean next-token loss of input ids (B, T) against target ids (B, T)."""
@@ -267,12 +268,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6, help="--levers: rounds, the models taking turns")
     p.add_argument("--out", type=Path, default=None, help="also write the report here")
     args = p.parse_args()
+    config = read_yaml(args.config)  # a bare name: configs/ first, then benchmarks/
     if not torch.cuda.is_available():
         raise SystemExit(
             f"error: gpu_train.py times training on a CUDA GPU; torch {torch.__version__} sees none"
         )
-
-    config = read_yaml(args.config)
     gpt = GPTConfig(**config["model"]["gpt"])
     if gpt.vocab_size is None:
         raise SystemExit(f"error: {args.config} leaves model.gpt.vocab_size to the tokenizer; set it")

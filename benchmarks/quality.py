@@ -63,23 +63,11 @@ from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.config import OptimConfig
 from minigpt.training.optim import build_optimizer, build_scheduler
 
+from suite.configs import ROOT
 from suite.peer import PEER_INSTALL
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
+from suite.runs import log, windows
 
 # -- shared by both contestants -----------------------------------------------------------------
-
-
-def windows(ids: np.ndarray, context: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every non-overlapping (input, target) window of `ids`, each (N, context)."""
-    n = (len(ids) - 1) // context
-    data = torch.from_numpy(np.asarray(ids[: n * context + 1], dtype=np.int64))
-    return data[:-1].view(n, context), data[1:].view(n, context)
 
 
 @torch.no_grad()

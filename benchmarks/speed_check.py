@@ -49,18 +49,16 @@ from typing import Any
 
 import torch
 
-from ablation import ROOT, dotted, merged, read_yaml, run_train_py, step_timer
 from minigpt.data import DataConfig, prepare
 from minigpt.model import GPTConfig
 from minigpt.training import muon, optim
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.precision import cpu_description, resolve_precision
 
+from suite.configs import BABY, ROOT, merged, read_yaml
 from suite.probes import time_step_matmuls
+from suite.runs import run_train_py, step_timer
 from suite.shapes import Shape
-
-BABY = dotted(read_yaml(str(Path(__file__).with_name("baby.yaml"))))
-"""nanoGPT's README "baby GPT" with a tiny context window, on a CPU (baby.yaml)."""
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "small": ("small.yaml", {}),

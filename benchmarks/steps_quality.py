@@ -21,13 +21,14 @@ import time
 import numpy as np
 import torch
 
-from ablation import config_path, merged, read_yaml, section, settings
 from minigpt.data import DataConfig, prepare
 from minigpt.model import GPT, GPTConfig
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.config import OptimConfig
 from minigpt.training.loss import next_token_loss
 from minigpt.training.optim import build_optimizer, build_scheduler
+
+from suite.configs import config_path, merged, read_yaml, section, settings
 
 
 def windows(tokens: torch.Tensor, starts: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,20 +3,18 @@
 
 Nats per token do not compare across tokenizers (a token is a character for one, a word for
 another); bits per byte do: the validation loss summed over the target tokens, in bits, over the
-UTF-8 bytes those targets stand for. Each contestant is `train.py --config <config>` with its
-tokenizer and everything else as the config has it, for the same `--steps` (warmup scaled as
-benchmarks/ablation.py scales it), one after another. Then, for each run's final weights (the
-config's moving average where it keeps one), this script scores every validation target of the
-run's own prepared data (`val_offsets`: windows back to back over the split, as validation runs)
-in the config's precision and sums
-
-    bpb = sum of -ln p(target) / (ln 2 x sum of the targets' UTF-8 bytes)
-
-where an end-of-text token stands for no bytes. The validation splits differ a little between
-tokenizers (each is the last `val_fraction` of its own token stream, after any text a learned
-vocabulary saw); the table gives their bytes. Step times are measured separately, in one process
-with the contestants taking turns (ablation.py's timer, on random ids), since the runs themselves
-are timed on a shared machine.
+UTF-8 bytes those targets stand for, summed as validation sums them
+(`minigpt.evaluation.metrics.BitsPerByte`: an end-of-text target stands for no bytes, and its loss
+is left out). Each contestant is `train.py --config <config>` with its tokenizer and everything
+else as the config has it, for the same `--steps` (warmup scaled as benchmarks/ablation.py scales
+it), one after another. Then, for each run's final weights (the config's moving average where it
+keeps one), this script scores every validation target of the run's own prepared data
+(`val_offsets`: windows back to back over the split, as validation runs) in the config's
+precision. The validation splits differ a little between tokenizers (each is the last
+`val_fraction` of its own token stream, after any text a learned vocabulary saw); the table
+gives their bytes. Step times are measured separately, in one process with the contestants taking
+turns (`suite.runs.step_timer`, on random ids), since the runs themselves are timed on a shared
+machine.
 
     python benchmarks/tokenizer_bpb.py --config small.yaml --steps 300 --text tinyshakespeare.txt
     python benchmarks/tokenizer_bpb.py --contestants gpt2-compact,bpe:4096 --steps 100
@@ -26,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import os
 import platform
 import tempfile
@@ -34,38 +31,39 @@ from pathlib import Path
 
 import torch
 
-from ablation import cli_overrides, config_path, read_yaml, step_timer, train
 from minigpt.checkpoints import load_model
 from minigpt.data import DataConfig, PreparedData, prepare, tokenizer_from_spec
 from minigpt.data.windows import TokenWindows, val_offsets
+from minigpt.evaluation.metrics import BitsPerByte
 from minigpt.model import GPT
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.precision import resolve_precision
-from quality import log
+
+from suite.configs import cli_overrides, config_path, read_yaml
+from suite.runs import log, step_timer, train
 
 
 @torch.no_grad()
 def bits_per_byte(model: GPT, prepared: PreparedData, bf16: bool, batch_size: int = 32) -> dict[str, float]:
     """Bits per byte of ``model`` over every validation target of ``prepared`` (see the module text)."""
-    tokenizer = prepared.tokenizer()
-    lengths = torch.from_numpy(tokenizer.byte_lengths())  # the bytes val_bpb divides by
+    score = BitsPerByte(prepared.tokenizer().byte_lengths())
     T = model.config.context_length
     windows = TokenWindows(prepared.segments("val"), prepared.meta["dtype"], T)
     offsets = val_offsets(windows)
-    nats, targets, text_bytes = 0.0, 0, 0
     for begin in range(0, len(offsets), batch_size):
         x, y = map(torch.stack, zip(*(windows[i] for i in offsets[begin : begin + batch_size]), strict=True))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model(x)
-        nll = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")
-        nats += float(nll)
-        targets += y.numel()
-        text_bytes += int(lengths[y].sum())
+        losses = torch.nn.functional.cross_entropy(
+            logits.float().flatten(0, 1), y.flatten(), reduction="none"
+        )
+        score.update(losses, y)
+    total = {name: value.item() for name, value in score.compute().items()}
     return {
-        "bpb": nats / (math.log(2) * text_bytes),
-        "nats_per_token": nats / targets,
-        "val_targets": targets,
-        "val_bytes": text_bytes,
+        "bpb": total["bpb"],
+        "nats_per_token": total["loss"],
+        "val_targets": int(total["targets"]),
+        "val_bytes": int(total["bytes"]),
     }
 
 
