@@ -1,4 +1,4 @@
-"""The README's picture of the page: serve a model, generate in headless Chromium, hover a token.
+"""The generation guide's picture of the page: serve a model, generate in headless Chromium, hover a token.
 
     python docs/page_screenshot.py --checkpoint runs/small --out docs/serve_page.png
 

@@ -142,7 +142,7 @@ def gpt2(gpt2_encoding: tiktoken.Encoding) -> GPT2Tokenizer:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    """README says `-m "not slow"` leaves out every test that runs Python in another process
+    """The testing guide says `-m "not slow"` leaves out every test that runs Python in another process
     (train.py, DDP's processes, torch.compile's workers): a test not marked slow that starts one
     fails, naming the command. Short system commands (ldconfig for ctypes) are not counted."""
     if item.get_closest_marker("slow"):
