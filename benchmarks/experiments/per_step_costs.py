@@ -2,9 +2,9 @@
 """Small costs paid every step, which a small model's step feels: Lightning's `self.log`, and QK-norm
 with the rotation as one autograd node or two.
 
-    python benchmarks/per_step_costs.py logging --steps 300   # train.py, the baby shape, calls timed
-    python benchmarks/per_step_costs.py qk_node --case baby    # the node against earlier forms, taking turns
-    python benchmarks/per_step_costs.py maps --case char       # the attention maps drawn at each validation
+    python benchmarks/experiments/per_step_costs.py logging --steps 300  # train.py, baby shape, calls timed
+    python benchmarks/experiments/per_step_costs.py qk_node --case baby   # the node against earlier forms
+    python benchmarks/experiments/per_step_costs.py maps --case char      # the maps drawn at each validation
 
 `logging` runs train.py in this process with `LightningModule.log` timed, and prints how many calls
 the run made and what they cost. `qk_node` times training steps of a config's recipe (and their
@@ -31,14 +31,16 @@ from typing import Any
 
 import torch
 
-from ablation import read_yaml, section, step_timer
 from minigpt.model import attention, fast
 from minigpt.model.rotary import swap_halves
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.precision import cpu_description, resolve_precision
-from speed_check import BABY as BABY_SETTINGS
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the `suite` library
+from suite.configs import BABY as BABY_SETTINGS
+from suite.configs import ROOT, read_yaml, section
+from suite.runs import step_timer
+
 BABY = str(ROOT / "benchmarks" / "baby.yaml")
 CASES = {"baby": ("char.yaml", BABY), "char": ("char.yaml", None), "small": ("small.yaml", None)}
 

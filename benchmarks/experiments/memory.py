@@ -4,8 +4,8 @@ Runs `train.py` as a user would (wandb offline, CSV, samples table, checkpoints)
 process's resident set size from outside every half second. Prints a markdown table of RSS over
 the run and the growth from the first validation to the end.
 
-    python benchmarks/memory.py                   # tiny.yaml, 3000 steps, a few minutes
-    python benchmarks/memory.py --steps 1000 --config small.yaml --source shakespeare
+    python benchmarks/experiments/memory.py                   # tiny.yaml, 3000 steps, a few minutes
+    python benchmarks/experiments/memory.py --steps 1000 --config small.yaml --source shakespeare
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def rss_mib(pid: int) -> float | None:

@@ -9,8 +9,8 @@ by --safety (p(s / safety)) so that rounding cannot push a value past the range;
 p's image of this one. Prints the table and the band each number of steps leaves, beside torch's
 single polynomial for comparison.
 
-    python benchmarks/ns_coefficients.py                 # needs scipy (pip install scipy)
-    python benchmarks/ns_coefficients.py --lo 1e-3 --steps 6
+    python benchmarks/experiments/ns_coefficients.py                 # needs scipy (pip install scipy)
+    python benchmarks/experiments/ns_coefficients.py --lo 1e-3 --steps 6
 """
 
 from __future__ import annotations

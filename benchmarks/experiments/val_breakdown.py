@@ -2,8 +2,8 @@
 """What a trained model's validation loss is made of: by position in the window and by how often
 the target token occurs in the training split.
 
-    python benchmarks/val_breakdown.py runs/small
-    python benchmarks/val_breakdown.py runs/small --context 64 --source path/to/text.txt
+    python benchmarks/experiments/val_breakdown.py runs/small
+    python benchmarks/experiments/val_breakdown.py runs/small --context 64 --source path/to/text.txt
 
 The model scores every non-overlapping window of the validation split (`--context` tokens, the
 model's context length by default) in fp32, as `benchmarks/quality.py` does. Three tables:
@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from minigpt.checkpoints import CheckpointError, load_model
 from minigpt.data import DataConfig, DataError, prepare
-from quality import windows
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the `suite` library
+from suite.runs import windows
 
 POSITION_EDGES = (0, 1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048)
 COUNT_GROUPS = ((0, 0, "never"), (1, 4, "1-4 times"), (5, 99, "5-99 times"), (100, None, "100+ times"))
