@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -87,43 +88,6 @@ def optimize_for_decoding(model: GPT) -> GPT:
 
 
 @torch.inference_mode()
-def generate_tokens(
-    model: GPT,
-    idx: torch.Tensor,
-    max_new_tokens: int,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    stop_token: int | None = None,
-    use_cache: bool = True,
-    generator: torch.Generator | None = None,
-) -> Iterator[torch.Tensor]:
-    """Yield new token ids (B, 1) one step at a time, continuing the prompt `idx` (B, T).
-
-    The model sees at most its context length: older tokens fall off the left, as in training.
-    With the cache, each step feeds only the newest token; once the window starts sliding,
-    every position's embedding changes, so the cache is rebuilt from the window each step.
-    Cached and uncached generation therefore compute the same logits. Only the last position
-    goes through the LM head (`LastTokenHead`). Stops early once every row has produced
-    `stop_token`.
-    """
-    steps = generate_steps(
-        model,
-        idx,
-        max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        stop_token=stop_token,
-        use_cache=use_cache,
-        generator=generator,
-    )
-    for next_id, _ in steps:
-        yield next_id
-
-
-@torch.inference_mode()
 def generate_steps(
     model: GPT,
     idx: torch.Tensor,
@@ -136,9 +100,17 @@ def generate_steps(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """`generate_tokens`, yielding with each step's ids (B, 1) the logits (B, V) they were drawn
-    from, as the model gave them (before temperature and filtering): what a server reports as
-    log-probabilities and alternatives."""
+    """Yield new token ids (B, 1) one step at a time, continuing the prompt `idx` (B, T), each with
+    the logits (B, V) they were drawn from, as the model gave them (before temperature and
+    filtering): what a server reports as log-probabilities and alternatives.
+
+    The model sees at most its context length: older tokens fall off the left, as in training.
+    With the cache, each step feeds only the newest token; once the window starts sliding,
+    every position's embedding changes, so the cache is rebuilt from the window each step.
+    Cached and uncached generation therefore compute the same logits. Only the last position
+    goes through the LM head (`LastTokenHead`). Stops early once every row has produced
+    `stop_token`.
+    """
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if idx.shape[1] == 0:
@@ -165,6 +137,14 @@ def generate_steps(
             finished |= next_id.squeeze(1) == stop_token
             if bool(finished.all()):
                 return
+
+
+def generate_tokens(
+    model: GPT, idx: torch.Tensor, max_new_tokens: int, **sampling: Any
+) -> Iterator[torch.Tensor]:
+    """`generate_steps` with the same arguments, yielding the new ids (B, 1) alone."""
+    for next_id, _ in generate_steps(model, idx, max_new_tokens, **sampling):
+        yield next_id
 
 
 def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
