@@ -12,7 +12,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from .description import MODEL_KEY
@@ -45,6 +44,8 @@ class ShardedCheckpoint:
 
 
 def _load_shards(model: nn.Module, path: Path) -> None:
+    import torch.distributed.checkpoint as dcp  # ~1 s to import: only where shards are read
+
     # The LightningModule held the network as `model`: its keys are the network's with that prefix.
     state = {"model": {f"model.{key}": value for key, value in model.state_dict().items()}}
     try:

@@ -6,8 +6,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from minigpt.viz.report import write_run_report
-
 from .common import USER_ERRORS, options_parser, parse_options, report
 
 
@@ -29,6 +27,8 @@ def report_main(args: Sequence[str] | None = None) -> int:
     )
     try:
         (opts,) = parse_options(parser, args, ReportOptions)
+        from minigpt.viz.report import write_run_report  # matplotlib: not for --help or a refusal
+
         curves, html = write_run_report(Path(opts.run))
     except USER_ERRORS as err:
         return report(err)

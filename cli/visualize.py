@@ -6,15 +6,18 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from matplotlib.figure import Figure
 
 from minigpt.checkpoints import load_model
 from minigpt.common import UsageError, atomic_write
 from minigpt.viz.attention import MAX_TOKENS, attention_figures, figure_to_png, seed_example_figure
 
 from .common import USER_ERRORS, options_parser, parse_options, report
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass(frozen=True)

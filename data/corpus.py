@@ -24,14 +24,15 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import datasets
-import huggingface_hub
+from typing import TYPE_CHECKING
 
 from minigpt.common import one_line, sha256_file
 
 from .errors import DataError
 from .shakespeare import shakespeare_path
+
+if TYPE_CHECKING:
+    import datasets  # imported where a corpus is read: it takes longer to import than torch
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class Corpus:
     """The hub dataset, downloaded (a Dataset) or streamed (an IterableDataset)."""
 
     def _documents(self) -> datasets.IterableDataset:
+        import datasets
+
         if isinstance(self.hub_dataset, datasets.IterableDataset):
             return self.hub_dataset
         if self.hub_dataset is not None:
@@ -176,6 +179,9 @@ def _files_corpus(path: Path, text_column: str, description: str, slug: str) -> 
 
 
 def _hub_corpus(name: str, text_column: str, split: str, subset: str | None, streaming: bool) -> Corpus:
+    import datasets
+    import huggingface_hub
+
     label = f"{name!r}" + (f" subset {subset!r}" if subset else "") + f" (split {split!r})"
     revision = None
     try:

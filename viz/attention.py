@@ -12,19 +12,19 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from matplotlib import colormaps
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import PowerNorm
-from matplotlib.figure import Figure
-from matplotlib.image import AxesImage
 
 from minigpt.common import UsageError
 from minigpt.data import Tokenizer
 from minigpt.model import GPT, MultiHeadAttention
+
+if TYPE_CHECKING:  # matplotlib (~0.3 s) is imported where a figure is drawn; the server only labels tokens
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    from matplotlib.image import AxesImage
 
 MAX_TOKENS = 64
 """Most tokens drawn per axis; a longer context shows its last MAX_TOKENS positions."""
@@ -119,6 +119,9 @@ def _grid(
     max_tokens: int,
     layout_of: Figure | None = None,
 ) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     t = len(labels)
     shown = min(t, max_tokens)
     if shown < t:
@@ -158,6 +161,9 @@ def _take_layout(fig: Figure, like: Figure) -> None:
 
 def _draw_head(ax: Axes, weights: np.ma.MaskedArray, labels: Sequence[str], annotate: bool) -> AxesImage:
     """Draw (T, T) masked weights on `ax`; the image, for the colour bar."""
+    from matplotlib import colormaps
+    from matplotlib.colors import PowerNorm
+
     t = len(labels)
     font = max(6.0, min(10.0, 400 / t))  # 10 pt up to 40 tokens, 6 pt from 67 on
     cmap = colormaps[COLORMAP].with_extremes(bad="white")

@@ -12,13 +12,15 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
-from matplotlib.figure import Figure
-from matplotlib.ticker import EngFormatter
 
 from minigpt.common import UsageError, atomic_write
+
+if TYPE_CHECKING:  # matplotlib (~0.3 s) is imported where the curves are drawn, not when training starts
+    from matplotlib.figure import Figure
 
 Transform = Callable[[np.ndarray], np.ndarray]
 
@@ -192,6 +194,9 @@ def _steps_to_tokens(tokens: Series) -> tuple[Transform, Transform]:
 def plot_curves(log: RunLog) -> Figure:
     """Train loss (raw, faint, and smoothed) and val loss above, learning rate below, against
     steps, with tokens seen along the top."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import EngFormatter
+
     fig = Figure(figsize=(12, 7), dpi=100, layout="constrained")
     loss_ax, lr_ax = fig.subplots(2, 1, sharex=True, height_ratios=[3, 1])
     train, val = log.metrics.get("train_loss"), log.metrics.get("val_loss")
