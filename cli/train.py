@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -36,6 +37,79 @@ from .common import USER_ERRORS, report, resolve_config_args
 DEFAULT_RUN_DIR = "runs/default"
 _UNSET_CONTEXT = 987_654_321
 
+LIGHTNING_HELP = "trainer"
+"""The topic of `--help trainer`: Lightning's own settings, which plain `--help` leaves out."""
+LIGHTNING_KEYS = ("trainer", "optimizer", "lr_scheduler")
+"""Lightning's settings: ~700 lines of `--help` and most of `--print_config`, so they come last."""
+
+
+class TrainParser(LightningArgumentParser):
+    """LightningCLI's parser, whose `--help` shows our settings (the model, its optimisation, the
+    data, the run) and leaves Lightning's to `--help trainer`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("prog", "train.py")
+        kwargs.setdefault("usage", "%(prog)s --config FILE [--config FILE ...] [--section.key VALUE ...]")
+        kwargs.setdefault(
+            "description",
+            "Train a GPT. Settings come from --config files (a name in configs/, or a path), laid over "
+            "each other in order, then from --section.key overrides; --print_config shows them all. "
+            "Lightning's Trainer settings (--trainer.max_steps, --trainer.precision, loggers, "
+            f"callbacks, ...) are left out here: see them with `%(prog)s --help {LIGHTNING_HELP}`.",
+        )
+        super().__init__(*args, **kwargs)
+        self.help_topic: str | None = None
+
+    def format_help(self, *args: Any, **kwargs: Any) -> str:
+        # argparse has no public way to leave groups out of the help: its `_action_groups`,
+        # `_group_actions` and `_HelpAction` (Python 3.10-3.13, jsonargparse 4.53) are put back after;
+        # test_help_shows_our_settings_and_says_where_lightnings_are fails if they change.
+        lightning = self.help_topic == LIGHTNING_HELP
+
+        def shown(action: argparse.Action) -> bool:
+            return isinstance(action, argparse._HelpAction) or is_lightnings(action.dest) == lightning
+
+        groups, description = self._action_groups, self.description
+        self._action_groups = [g for g in groups if any(shown(a) for a in g._group_actions)]
+        if lightning:
+            self.description = (
+                "Lightning's settings for train.py: the Trainer's (--trainer.*) and LightningCLI's "
+                "--optimizer and --lr_scheduler. `%(prog)s --help` shows the model's, the data's "
+                "and the run's."
+            )
+        hidden = [(a, a.help) for a in self._actions if not shown(a)]
+        for action, _ in hidden:
+            action.help = argparse.SUPPRESS
+        try:
+            return super().format_help(*args, **kwargs)
+        finally:
+            self._action_groups, self.description = groups, description
+            for action, help_text in hidden:
+                action.help = help_text
+
+
+def is_lightnings(key: str) -> bool:
+    """Whether a setting (`trainer.max_steps`, `optimizer`, ...) is Lightning's rather than ours."""
+    return key.split(".", 1)[0] in LIGHTNING_KEYS
+
+
+def help_topic(args: list[str]) -> tuple[list[str], str | None]:
+    """`--help trainer` (or `--help=trainer`) as `--help` and its topic; other arguments as they are."""
+    for i, arg in enumerate(args):
+        if arg in ("-h", "--help") and args[i + 1 : i + 2] == [LIGHTNING_HELP]:
+            return args[: i + 1] + args[i + 2 :], LIGHTNING_HELP
+        if arg == f"--help={LIGHTNING_HELP}":
+            return [*args[:i], "--help", *args[i + 1 :]], LIGHTNING_HELP
+    return args, None
+
+
+def ours_first(config: Namespace) -> Namespace:
+    """`config` with the model, the data and the run's settings before Lightning's, as
+    `--print_config` shows them (the trainer's loggers and callbacks alone run to ~140 lines)."""
+    items = vars(config)
+    order = sorted(items, key=lambda key: (is_lightnings(key), key not in ("model", "data")))
+    return Namespace(**{key: items[key] for key in order})
+
 
 class MiniGPTCLI(LightningCLI):
     """LightningCLI with resuming, the allocator setting, and run-folder defaults for paths."""
@@ -69,12 +143,15 @@ class MiniGPTCLI(LightningCLI):
         # A fine-tune takes its shape from the weights; --print_config would print the config
         # before that, so it is answered here, after.
         print_config = "--print_config" in args
-        self._args = [arg for arg in args if arg != "--print_config"]
+        args, topic = help_topic([arg for arg in args if arg != "--print_config"])
+        if isinstance(parser, TrainParser):
+            parser.help_topic = topic
+        self._args = args
         super().parse_arguments(parser, self._args)
         if self.config.model.get("init_from"):
             use_pretrained_shape(self.config, self.given_gpt_settings())
         if print_config:
-            print(parser.dump(self.config, skip_none=False), end="")
+            print(parser.dump(ours_first(self.config), skip_none=False), end="")
             if self.config.get("tokens_per_step") is not None:
                 print("# " + self.planned_accumulation())
             sys.exit(0)
@@ -257,6 +334,7 @@ def train_main(args: Sequence[str] | None = None) -> int:
                 run=False,
                 args=resolve_config_args(argv),
                 seed_everything_default=1337,
+                parser_class=TrainParser,
                 parser_kwargs={"exit_on_error": False},
                 save_config_callback=SaveAndLogConfig,
                 save_config_kwargs={"overwrite": True},

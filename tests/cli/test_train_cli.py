@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from minigpt.cli.common import CONFIG_DIRS, resolve_config_args
-from minigpt.cli.train import MiniGPTCLI, train_main
+from minigpt.cli.train import MiniGPTCLI, help_topic, train_main
 from minigpt.common import UsageError
 from minigpt.data import TextDataModule
 from minigpt.training.lit import LitGPT
@@ -99,6 +99,9 @@ def test_print_config_shows_every_section(capsys: pytest.CaptureFixture[str]) ->
     assert exit_info.value.code == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert {"trainer", "model", "data", "ckpt_path", "seed_everything"} <= set(printed)
+    # Ours first: the trainer's loggers and callbacks alone run to ~140 lines.
+    assert list(printed)[:2] == ["model", "data"]
+    assert list(printed).index("trainer") > list(printed).index("tokens_per_step")
     # The loggers and callbacks a run uses are in the config, not built in code.
     loggers = [entry["class_path"] for entry in printed["trainer"]["logger"]]
     assert loggers == ["minigpt.training.loggers.CSVLogger", "minigpt.training.loggers.WandbLogger"]
@@ -106,6 +109,38 @@ def test_print_config_shows_every_section(capsys: pytest.CaptureFixture[str]) ->
     assert {"ModelCheckpoint", "SampleText", "StopOnNonFinite", "SaveAndStopOnSignal"} <= callbacks
     assert printed["model"]["gpt"]["n_layer"] == 2
     assert {"lr", "warmup_steps", "weight_decay"} <= set(printed["model"]["optim"])
+
+
+def test_help_shows_our_settings_and_says_where_lightnings_are(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(["--help"])
+    assert exit_info.value.code == 0
+    ours = capsys.readouterr().out
+    for option in ("--config", "--model.gpt.n_layer", "--model.optim.lr", "--data.config.batch_size"):
+        assert option in ours
+    assert "--trainer." not in ours.replace("--trainer.max_steps, --trainer.precision", "")
+    assert "train.py --help trainer" in ours.split("options:")[0]  # said before the options
+
+    with pytest.raises(SystemExit):
+        train_main(["--help", "trainer"])
+    lightnings = capsys.readouterr().out
+    assert "--trainer.max_steps MAX_STEPS" in lightnings and "--trainer.precision" in lightnings
+    assert "--model.gpt.n_layer" not in lightnings and "--data.config" not in lightnings
+    assert len(ours.splitlines()) + len(lightnings.splitlines()) > 600  # nothing lost between them
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--help"], (["--help"], None)),
+        (["--config", "tiny.yaml", "--help", "trainer"], (["--config", "tiny.yaml", "--help"], "trainer")),
+        (["-h", "trainer"], (["-h"], "trainer")),
+        (["--help=trainer"], (["--help"], "trainer")),
+        (["--config", "trainer"], (["--config", "trainer"], None)),
+    ],
+)
+def test_help_topic(args: list[str], expected: tuple[list[str], str | None]) -> None:
+    assert help_topic(args) == expected
 
 
 def test_a_config_without_a_run_folder_prints_and_uses_the_default_one(
