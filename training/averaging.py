@@ -14,7 +14,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import WeightAveraging
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel
 
 from minigpt.model import ConfigError
 
@@ -38,7 +38,7 @@ class EMAWeights(WeightAveraging):
     def __init__(self, decay: float = 0.995) -> None:
         if not 0.0 < decay < 1.0:
             raise ConfigError(f"EMAWeights decay must be between 0 and 1 (exclusive), got {decay}")
-        super().__init__(use_buffers=False, multi_avg_fn=get_ema_multi_avg_fn(decay))
+        super().__init__(use_buffers=False)
         self.decay = decay
         self._raw_at_end: dict[str, torch.Tensor] | None = None
 
@@ -48,7 +48,13 @@ class EMAWeights(WeightAveraging):
         if stage == "fit":
             self._raw_at_end = None
             pl_module.configure_model()
-            self._average_model = AveragedModel(pl_module, use_buffers=False, **self._kwargs)
+            self._average_model = MovingAverage(pl_module, self.decay)
+
+    # Lightning builds the average in `setup`, before the strategy moves the model to its device:
+    # on a GPU it would stay in host memory, and every step would copy all the weights off the GPU.
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._average_model is not None:
+            self._average_model.to(pl_module.device)
 
     # Lightning swaps the average in for the validation epoch alone. Swapping it in for the whole
     # validation stage lets the callbacks that run when validation ends (SampleText,
@@ -81,3 +87,45 @@ class EMAWeights(WeightAveraging):
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
         if self._raw_at_end is not None and "current_model_state" in checkpoint:
             checkpoint["current_model_state"] = self._raw_at_end
+
+
+class MovingAverage(AveragedModel):
+    """`AveragedModel` with torch's EMA (`get_ema_multi_avg_fn`: the same numbers) updated in one
+    foreach call, with no read of a device value. It lives on the model's device (`EMAWeights`
+    moves it there when training starts).
+
+    torch's `update_parameters` walks the parameters in Python, compares its step count on the
+    device twice (each a wait for the device to finish its queued work) and copies every buffer,
+    at every step. Here the pairs of tensors are listed once, the count is also kept on the host,
+    and buffers, which never change in this project's models, are copied with the first update
+    only. The state dict (the average and `n_averaged`) is torch's.
+    """
+
+    def __init__(self, model: torch.nn.Module, decay: float) -> None:
+        super().__init__(model, use_buffers=False)
+        self.decay = decay
+        self._pairs: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        self._updates: int | None = None
+        """`n_averaged` on the host; None until first needed (a loaded state may have changed it)."""
+
+    @torch.no_grad()
+    def update_parameters(self, model: torch.nn.Module) -> None:
+        if self._updates is None:
+            self._updates = int(self.n_averaged)
+        if self._pairs is None:  # the parameters themselves, so that moving a module keeps them current
+            self._pairs = (list(self.parameters()), list(model.parameters()))
+        if self._pairs[0][0].device != self._pairs[1][0].device:
+            raise ValueError("the moving average and the model it averages are on different devices")
+        average, current = self._pairs
+        if self._updates == 0:
+            torch._foreach_copy_(average, current)
+            for mine, theirs in zip(self.module.buffers(), model.buffers(), strict=True):
+                mine.copy_(theirs)
+        else:
+            torch._foreach_lerp_(average, current, 1.0 - self.decay)
+        self.n_averaged += 1
+        self._updates += 1
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._updates = None  # read again from the loaded n_averaged

@@ -120,37 +120,92 @@ class DivergenceError(RuntimeError):
 class StopOnNonFinite(L.Callback):
     """Ends the run with DivergenceError when the loss, gradient norm or validation loss is not finite.
 
-    The loss is checked before its backward pass, so its gradients never reach the weights; the
-    gradient norm (`LitGPT.grad_norm`, measured when clipping) after the step it was taken in; the
-    validation loss before checkpoints are saved. Either way no checkpoint ever holds the bad
-    weights. Under DDP every rank stops together, or the others would wait for it forever, and the
-    message names the value and the rank it went bad on.
+    No checkpoint ever holds weights that a non-finite value reached: the values still unread are
+    read before every save (`on_save_checkpoint`, which a failed check ends before anything is
+    written), and the validation loss before the checkpoints of its validation. Under DDP every
+    rank stops together, or the others would wait for it forever, and the message names the value,
+    the step and the rank it went bad on.
+
+    How often the values are read is `check_every_n_steps`. Reading a value on an accelerator
+    makes the host wait until the device has finished all the work queued so far, so that the
+    next step's kernels start late: there the values of each step (the loss, the gradient norm
+    measured when clipping) are kept on the device and read together every `log_every_n_steps`
+    steps, when Lightning reads the logged values anyway. A bad loss then reaches the weights for
+    the few steps until that read, and the run stops naming the first step it went bad at. On a
+    CPU, where reading costs nothing, the loss is read before its backward pass, so its gradients
+    never reach the weights, and the gradient norm after its step.
     """
+
+    def __init__(self, check_every_n_steps: int | None = None) -> None:
+        """
+        Args:
+            check_every_n_steps: Read the values every this many optimizer steps. None: every
+                step on a CPU, every `trainer.log_every_n_steps` steps elsewhere.
+        """
+        if check_every_n_steps is not None and check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be at least 1, got {check_every_n_steps}")
+        self.check_every_n_steps = check_every_n_steps
+        self._every = 1
+        self._unread: list[tuple[str, int, torch.Tensor]] = []
+        """(what, step, value) of the values not read yet."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        every = self.check_every_n_steps
+        if every is None:
+            every = 1 if pl_module.device.type == "cpu" else max(1, trainer.log_every_n_steps)
+        self._every, self._unread = every, []
 
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
     ) -> None:
-        self._check(trainer, loss.detach(), "loss")
+        self._unread.append(("loss", trainer.global_step, loss.detach()))
+        if self._every == 1:
+            self._read(trainer)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return  # mid-accumulation: the step and its gradient norm are not done yet
         norm = getattr(pl_module, "grad_norm", None)
         if norm is not None:
-            self._check(trainer, norm, "gradient norm", step=trainer.global_step - 1)
+            self._unread.append(("gradient norm", trainer.global_step - 1, norm.detach()))
+        if trainer.global_step % self._every == 0:
+            self._read(trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._read(trainer)  # validation would spend its time on weights gone bad
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or "val_loss" not in trainer.callback_metrics:
             return
-        self._check(trainer, trainer.callback_metrics["val_loss"], "validation loss")
+        self._unread.append(("validation loss", trainer.global_step, trainer.callback_metrics["val_loss"]))
+        self._read(trainer)
 
-    @staticmethod
-    def _check(trainer: L.Trainer, value: torch.Tensor, what: str, step: int | None = None) -> None:
-        values = value.detach().float().reshape(1)
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._read(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._read(trainer)
+
+    def _read(self, trainer: L.Trainer) -> None:
+        """Read the unread values in one transfer (every rank takes part: the ranks' schedules
+        are the same) and raise at the first that is not finite."""
+        if not self._unread:
+            return
+        unread, self._unread = self._unread, []
+        values = torch.stack([value.detach().float().reshape(()) for _, _, value in unread])  # (n,)
         if trainer.world_size > 1:  # every rank stops together, naming the value that went bad
-            values = trainer.strategy.all_gather(values).reshape(-1)  # (world_size,)
-        bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
-        if bad:
-            step = trainer.global_step if step is None else step
-            where = f" on rank {bad[0]}" if trainer.world_size > 1 else ""
-            raise DivergenceError(f"the {what} became {values[bad[0]].item()}{where} at step {step}")
+            values = trainer.strategy.all_gather(values).reshape(trainer.world_size, -1)  # (ranks, n)
+        else:
+            values = values.reshape(1, -1)
+        finite = torch.isfinite(values).cpu()
+        if bool(finite.all()):
+            return
+        first = int((~finite).any(dim=0).nonzero()[0])  # the first value, in order, bad on any rank
+        rank = int((~finite[:, first]).nonzero()[0])
+        what, step, _ = unread[first]
+        where = f" on rank {rank}" if trainer.world_size > 1 else ""
+        raise DivergenceError(f"the {what} became {values[rank, first].item()}{where} at step {step}")

@@ -17,11 +17,16 @@ from minigpt.model import GPTConfig, MultiHeadAttention
 from minigpt.model.gpt import parameter_count
 
 from .flops import training_flops_per_token
+from .loggers import step_logs_written
 from .muon import NS_COEFFICIENTS, ns_schedule
 from .precision import cpu_description
 from .throughput import tokens_per_step
 
 log = logging.getLogger("minigpt")
+
+
+BAR_FIGURES = ("train_loss", "tokens_per_sec")
+"""Training figures the progress bar shows beside the validation's."""
 
 
 class StepProgressBar(TQDMProgressBar):
@@ -44,15 +49,26 @@ class StepProgressBar(TQDMProgressBar):
     def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
         metrics = super().get_metrics(trainer, pl_module)
         metrics.pop("v_num", None)  # the logger's version id: noise next to the losses
-        return metrics
+        # The training figures are logged without `prog_bar`: Lightning turns every progress-bar
+        # figure into a number after every batch, which on a GPU makes the host wait for the
+        # device at each step. The bar reads them here, on the steps that log them.
+        logged = trainer.callback_metrics
+        shown = {name: float(logged[name]) for name in BAR_FIGURES if name in logged}
+        return {**shown, **metrics}
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         bar, step = self.train_progress_bar, trainer.global_step
-        if bar is not None and not bar.disable and self._should_update(step, bar.total):
-            bar.n = step
+        if bar is None or bar.disable or not self._should_update(step, bar.total):
+            return
+        bar.n = step
+        if step_logs_written(trainer):  # the step logged new figures
             bar.set_postfix(self.get_metrics(trainer, pl_module))  # also refreshes the bar
+        else:
+            # The figures are as they were: reading them again would make the host wait for the
+            # device (Lightning turns each into a number), at every step.
+            bar.refresh()
 
 
 def _tokens(n: float) -> str:

@@ -52,9 +52,11 @@ class LitGPT(L.LightningModule):
             fused_loss: Compute the LM head and the loss a chunk of rows at a time, never holding
                 the full logits: the same result in far less memory with a large vocabulary, but
                 slower than full logits where memory is plentiful (benchmarks/RESULTS.md).
-            compile: Run the network's blocks through `torch.compile` (the loss and sampling stay
-                eager). The first training step and the first validation each pay a compile;
-                benchmarks/RESULTS.md says what it gains at our shapes.
+            compile: Run the training step's forward through `torch.compile` as one region: the
+                blocks, the LM head and the cross-entropy (with `fused_loss`, the blocks alone;
+                validation compiles the blocks, sampling stays eager). The first training step
+                and the first validation each pay a compile; benchmarks/RESULTS.md says what it
+                gains at our shapes.
             init_from: Start from these weights instead of random ones (fine-tuning): a GPT-2
                 folder in the Hugging Face layout, a hub name such as `gpt2` (fetched when a
                 network exists), a run folder or a checkpoint or safetensors file of ours. The
@@ -75,6 +77,7 @@ class LitGPT(L.LightningModule):
         self.fused_loss = fused_loss
         self._compile = compile
         self._features: Any = None
+        self._step_loss: Any = None
         self.gpt_config = gpt
         self.optim_config = optim
         self.model: GPT | None = None
@@ -130,10 +133,16 @@ class LitGPT(L.LightningModule):
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of the model on inputs x (B, T) and targets y (B, T)."""
-        hidden = self.hidden(x)
-        if self.fused_loss:
-            return fused_linear_cross_entropy(hidden, self.model.lm_head.weight, y)
-        return next_token_loss(self.model.lm_head(hidden), y)
+        if self.fused_loss:  # its chunk loop is an autograd function of its own: the blocks alone compile
+            return fused_linear_cross_entropy(self.hidden(x), self.model.lm_head.weight, y)
+        if self._step_loss is None:
+            # One region from token ids to the loss: the compiler fuses the head's output with the
+            # cross-entropy, and the step launches no eager kernel between the blocks and the loss.
+            self._step_loss = torch.compile(self._plain_loss) if self._compile else self._plain_loss
+        return self._step_loss(x, y)
+
+    def _plain_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return next_token_loss(self.model(x), y)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Lightning logs each step under its own count of optimizer steps, which equals
@@ -147,7 +156,7 @@ class LitGPT(L.LightningModule):
         x, y = batch
         loss = self.loss(x, y)
         if step_logs_written(self._trainer):
-            self.log("train_loss", loss, prog_bar=True)
+            self.log("train_loss", loss)  # StepProgressBar shows it
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

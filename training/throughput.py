@@ -64,7 +64,7 @@ class TokensPerSecond(L.Callback):
         now = time.perf_counter()
         if self._last is not None:
             rate = self._tokens / (now - self._last)
-            pl_module.log("tokens_per_sec", rate, prog_bar=True)
+            pl_module.log("tokens_per_sec", rate)  # StepProgressBar shows it
             if self.peak_flops and self._flops_per_token:
                 pl_module.log("mfu", rate * self._flops_per_token / self.peak_flops)
         self._last, self._tokens = now, 0

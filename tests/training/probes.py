@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 from pathlib import Path
 
 import lightning as L
@@ -122,3 +123,53 @@ class CPUFSDPStrategy(FSDPStrategy):
         )
         _setup_activation_checkpointing(model, self._activation_checkpointing_kwargs)
         return model
+
+
+HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__")
+"""Tensor methods that read a value on the host: on an accelerator, each waits for the device."""
+
+
+class CountHostReads(L.Callback):
+    """Counts the host reads of tensor values (`HOST_READS`) in each training step: from the end of
+    one step's `on_train_batch_end` hooks to the end of the next's (this callback's own hook runs
+    last), so Lightning's logging between steps counts toward the next step. Writes
+    `<folder>/host_reads.json`: {step: [where each read came from]}, for every step counted."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.reads: dict[int, list[str]] = {}
+        self._step: int | None = None
+        self._saved: dict[str, object] = {}
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        for name in HOST_READS:
+            original = getattr(torch.Tensor, name)
+            self._saved[name] = original
+            setattr(torch.Tensor, name, self._counting(name, original))
+
+    def _counting(self, name, original):
+        def read(tensor, *args, **kwargs):
+            if self._step is not None:
+                stack = traceback.extract_stack(limit=14)[:-1]
+                where = f"{name} via " + " < ".join(
+                    f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(stack)
+                )
+                self.reads.setdefault(self._step, []).append(where)
+            return original(tensor, *args, **kwargs)
+
+        return read
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._step is not None:
+            self.reads.setdefault(self._step, [])
+        self._step = trainer.global_step + 1  # the step whose reads come next
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._step = None  # validation reads its results: not a training step's
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._step = None
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / "host_reads.json").write_text(json.dumps(self.reads))
