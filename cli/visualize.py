@@ -6,7 +6,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -15,9 +15,6 @@ from minigpt.common import UsageError, atomic_write
 from minigpt.viz.attention import MAX_TOKENS, attention_figures, figure_to_png, seed_example_figure
 
 from .common import USER_ERRORS, options_parser, parse_options, report
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 
 @dataclass(frozen=True)
@@ -120,8 +117,11 @@ def default_out(checkpoint: str | None) -> Path:
     return Path("attention")
 
 
-def model_figures(opts: VisualizeOptions) -> dict[str, Figure]:
-    """The attention maps of `opts.prompt` under the model `opts.checkpoint` names, by file name."""
+def model_figures(opts: VisualizeOptions) -> dict[str, Any]:
+    """The attention maps (matplotlib Figures) of `opts.prompt` under the model `opts.checkpoint`
+    names, by file name."""
+    # Not annotated with Figure under TYPE_CHECKING: jsonargparse runs such blocks of the module
+    # that defines VisualizeOptions, which would import matplotlib (~0.4 s) for --help.
     assert opts.checkpoint is not None and opts.prompt is not None  # checked in __post_init__
     device = ("cuda" if torch.cuda.is_available() else "cpu") if opts.device == "auto" else opts.device
     model, tokenizer = load_model(opts.checkpoint, device=device, tokenizer_path=opts.tokenizer_path)
