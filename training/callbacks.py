@@ -62,7 +62,18 @@ class SaveAndStopOnSignal(L.Callback):
     every rank, and every rank records it in `received`, so each exits as the signalled one does.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, check_every_n_steps: int | None = None) -> None:
+        """
+        Args:
+            check_every_n_steps: Under DDP, the ranks agree on whether one was signalled every
+                this many optimizer steps, an exchange that makes the host wait for the device on
+                an accelerator. None: every step on CPUs, every `trainer.log_every_n_steps` steps
+                on accelerators. A single process looks at every step, at no cost.
+        """
+        if check_every_n_steps is not None and check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be at least 1, got {check_every_n_steps}")
+        self.check_every_n_steps = check_every_n_steps
+        self._every = 1
         self.path: Path | None = None
         """Where the checkpoint goes; known once training starts."""
         self.received: int | None = None
@@ -74,6 +85,10 @@ class SaveAndStopOnSignal(L.Callback):
         checkpoint = trainer.checkpoint_callback
         folder = getattr(checkpoint, "dirpath", None) or Path(trainer.default_root_dir) / "checkpoints"
         self.path = Path(folder) / "last.ckpt"
+        every = self.check_every_n_steps
+        if every is None:
+            every = 1 if pl_module.device.type == "cpu" else max(1, trainer.log_every_n_steps)
+        self._every = every if trainer.world_size > 1 else 1
         # Installed here, after the Trainer's own SIGTERM handler: that one would raise as soon as
         # the current batch ends, before an accumulated optimizer step is complete and saved.
         if threading.current_thread() is not threading.main_thread():
@@ -93,6 +108,8 @@ class SaveAndStopOnSignal(L.Callback):
     ) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # the optimizer step is not complete yet
+        if trainer.global_step % self._every:
+            return
         received = self.received or 0
         if trainer.world_size > 1:  # every rank must take part, signalled or not
             signalled = torch.tensor(received, device=pl_module.device)

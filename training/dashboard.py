@@ -4,6 +4,9 @@ the end the loss curves and the HTML run report; in the run folder and on the wa
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,7 @@ from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel
 
 from minigpt.common import atomic_write
 from minigpt.model import GPT, generate
-from minigpt.viz.attention import attention_figures, figure_to_png
+from minigpt.viz.attention import attention_of, draw_attention, figure_to_png
 from minigpt.viz.report import write_run_report
 
 from .config import SampleConfig
@@ -103,14 +106,27 @@ class AttentionMaps(L.Callback):
     The latest maps are kept as `<run>/attention/layer{i}.png` (the run report shows them) and
     logged to wandb as images, so the dashboard shows how the heads change as the model learns.
     Draws on rank 0 only.
+
+    The weights are computed when validation ends (one forward pass of the prompt); drawing them
+    takes matplotlib seconds, as long as hundreds of training steps of a small model, so by
+    default it happens in a process of its own, forked then, at a lower priority, while training
+    goes on. One drawing runs at a time, in order; the images reach wandb when it is done, and the
+    run waits for the last one before it ends, so the run report shows the final maps.
     """
 
-    def __init__(self, prompt: str = "ROMEO:\nWhat light through yonder window breaks?") -> None:
+    def __init__(
+        self, prompt: str = "ROMEO:\nWhat light through yonder window breaks?", background: bool = True
+    ) -> None:
         """
         Args:
             prompt: The text whose attention is drawn; keep it short (tens of tokens) to stay readable.
+            background: Draw in a forked process while training goes on (where the platform can
+                fork); False: draw before training goes on.
         """
         self.prompt = prompt
+        self.background = background
+        self._drawing: tuple[Any, int, list[Path]] | None = None
+        """The drawing under way: its process, the step it shows and the files it writes."""
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -118,19 +134,73 @@ class AttentionMaps(L.Callback):
         model = whole_model(trainer, pl_module)
         if model is None:  # not rank 0
             return
-        figures = attention_figures(model, trainer.datamodule.tokenizer, self.prompt)
+        weights, labels = attention_of(model, trainer.datamodule.tokenizer, self.prompt)
         folder = Path(trainer.default_root_dir) / ATTENTION_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for name, figure in figures.items():
-            path = folder / f"{name}.png"
-            with atomic_write(path) as tmp:
-                tmp.write_bytes(figure_to_png(figure))
-            paths.append(path)
+        paths = [folder / f"layer{layer}.png" for layer in weights]
+        self._finish(trainer)  # the previous drawing, so that the files are written in order
+        job = (weights, labels, self.prompt, str(folder))
+        context = _fork_context() if self.background else None
+        if context is None:
+            _draw_pngs(*job)
+            self._log(trainer, trainer.global_step, paths)
+            return
+        with warnings.catch_warnings():  # Python 3.12+ warns of forking a threaded process: the
+            # child only draws with matplotlib and writes files, and takes no lock the threads hold
+            warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
+            process = context.Process(target=_draw_pngs, args=job, kwargs={"niceness": 10}, daemon=True)
+            process.start()
+        self._drawing = (process, trainer.global_step, paths)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._drawing is not None and not self._drawing[0].is_alive():
+            self._finish(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._finish(trainer)  # before RunReport reads the maps, when the fit ends
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._finish(trainer)
+
+    def _finish(self, trainer: L.Trainer) -> None:
+        """Wait for the drawing under way, if any, and log its images."""
+        if self._drawing is None:
+            return
+        (process, step, paths), self._drawing = self._drawing, None
+        process.join()
+        if process.exitcode != 0:
+            raise RuntimeError(
+                f"drawing the attention maps of step {step} failed (exit code {process.exitcode})"
+            )
+        self._log(trainer, step, paths)
+
+    @staticmethod
+    def _log(trainer: L.Trainer, step: int, paths: list[Path]) -> None:
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                captions = [f"{p.stem} at step {trainer.global_step}" for p in paths]
-                logger.log_image(key="attention", images=[str(p) for p in paths], caption=captions)
+                captions = [f"{p.stem} at step {step}" for p in paths]
+                logger.log_image(key="attention", images=[str(p) for p in paths], caption=captions, step=step)
+
+
+def _fork_context() -> Any:
+    """multiprocessing's fork context, where the platform has it (not Windows; macOS forks
+    matplotlib safely with the Agg canvas, which needs no window server)."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    return multiprocessing.get_context("fork")
+
+
+def _draw_pngs(
+    weights: dict[int, Any], labels: list[str], prompt: str, folder: str, niceness: int = 0
+) -> None:
+    """Draw the layers' grids and write them to `folder` as `layer{i}.png`, each atomically."""
+    if niceness:
+        os.nice(niceness)  # training, in the parent, goes first
+    for name, figure in draw_attention(weights, labels, prompt).items():
+        with atomic_write(Path(folder) / f"{name}.png") as tmp:
+            tmp.write_bytes(figure_to_png(figure))
 
 
 class RunReport(L.Callback):

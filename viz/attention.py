@@ -228,19 +228,39 @@ def attention_figures(
     the model would see it. Raises UsageError for an empty prompt or a layer the model lacks, and
     the tokenizer's DataError for text it cannot encode.
     """
+    weights, labels = attention_of(model, tokenizer, prompt, layers=layers)
+    return draw_attention(weights, labels, prompt, per_head=per_head, max_tokens=max_tokens)
+
+
+def attention_of(
+    model: GPT, tokenizer: Tokenizer, prompt: str, *, layers: Sequence[int] | None = None
+) -> tuple[dict[int, np.ndarray], list[str]]:
+    """What `attention_figures` draws, computed and not drawn: the weights (n_head, T, T) of the
+    chosen layers, by layer, in fp32 on the host, and one label per token."""
     if prompt == "":
         raise UsageError("the prompt is empty: pass the text whose attention to draw")
     chosen = select_layers(model.config.n_layer, layers)
     ids = tokenizer.encode(prompt)[-model.config.context_length :]
     idx = torch.tensor([ids], device=model.lm_head.weight.device)
     weights = model.attention_weights(idx)
-    labels = token_labels(tokenizer, ids)
+    return {layer: weights[layer][0].float().cpu().numpy() for layer in chosen}, token_labels(tokenizer, ids)
+
+
+def draw_attention(
+    weights: dict[int, np.ndarray],
+    labels: Sequence[str],
+    prompt: str,
+    *,
+    per_head: bool = False,
+    max_tokens: int = MAX_TOKENS,
+) -> dict[str, Figure]:
+    """`attention_figures` from what `attention_of` computed. Needs no model and no torch, so it
+    can run in another process."""
     figures = {}
     # Every layer's grid has the same panels, labels and title lines, and so does every head's
     # figure: the first of each is laid out and lends its places to the others.
     grid = single = None
-    for layer in chosen:
-        heads = weights[layer][0]  # (n_head, T, T)
+    for layer, heads in weights.items():  # heads: (n_head, T, T)
         title = (
             f'layer {layer}: attention over "{visible_token(prompt[:40])}{"…" if len(prompt) > 40 else ""}"'
         )
