@@ -110,12 +110,12 @@ class MovingAverage(AveragedModel):
 
     @torch.no_grad()
     def update_parameters(self, model: torch.nn.Module) -> None:
-        if self._updates is None:
-            self._updates = int(self.n_averaged)
         if self._pairs is None:  # the parameters themselves, so that moving a module keeps them current
             self._pairs = (list(self.parameters()), list(model.parameters()))
         if self._pairs[0][0].device != self._pairs[1][0].device:
             raise ValueError("the moving average and the model it averages are on different devices")
+        if self._updates is None:
+            self._updates = int(self.n_averaged)
         average, current = self._pairs
         if self._updates == 0:
             torch._foreach_copy_(average, current)

@@ -7,13 +7,14 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.testing import assert_close
 
 from minigpt.cli.generate import generate_main
 from minigpt.cli.train import train_main
 from minigpt.data import DataConfig, TextDataModule
 from minigpt.model import ConfigError, GPTConfig
-from minigpt.training.averaging import EMAWeights
+from minigpt.training.averaging import EMAWeights, MovingAverage
 from minigpt.training.config import OptimConfig
 from minigpt.training.lit import LitGPT
 
@@ -167,3 +168,33 @@ def test_train_py_with_ema_samples_from_the_average_and_refuses_a_bad_decay(
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: EMAWeights decay must be between 0 and 1 (exclusive), got 1.5"
     )
+
+
+def test_the_moving_average_is_torch_s_ema_bit_for_bit_on_the_model_s_device() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3, bias=False)
+    )
+    model.register_buffer("table", torch.arange(4.0))
+    ours = MovingAverage(model, 0.9)
+    theirs = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=False)
+    for step in range(5):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+            model.table.add_(1.0)
+        ours.update_parameters(model)
+        theirs.update_parameters(model)
+        for mine, reference in zip(ours.parameters(), theirs.parameters(), strict=True):
+            assert torch.equal(mine, reference), step
+    assert int(ours.n_averaged) == int(theirs.n_averaged) == 5
+    assert torch.equal(ours.module.table, torch.arange(4.0) + 1.0)  # buffers: copied with the first update
+    # A loaded state goes on counting from its own n_averaged.
+    again = MovingAverage(model, 0.9)
+    again.load_state_dict(ours.state_dict())
+    again.update_parameters(model)
+    theirs.update_parameters(model)
+    for mine, reference in zip(again.parameters(), theirs.parameters(), strict=True):
+        assert torch.equal(mine, reference)
+    with pytest.raises(ValueError, match="different devices"):
+        MovingAverage(model, 0.9).to("meta").update_parameters(model)
