@@ -6,10 +6,10 @@ next to transformers' `GPT2LMHeadModel` at the same shape, in one run.
 A step is what `train.py` does per optimizer step at accumulation 1: forward and loss under bf16
 autocast (Lightning's `bf16-mixed`), backward, gradient clipping, the optimizer's step and
 zeroing the gradients. Our model, loss and optimizer come from the project itself (`LitGPT.loss`,
-which compiles the network's body as `--model.compile true` does, and `build_optimizer`), built
-from a config's `model` section (`configs/gpt2-124m.yaml` by default). The peer gets the same
-batch, autocast, loss function, clipping and AdamW; compiled, its body is compiled and its head
-and loss stay eager, as ours.
+which compiles the network, its head and the loss as one region as `--model.compile true` does,
+and `build_optimizer`), built from a config's `model` section (`configs/gpt2-124m.yaml` by
+default). The peer gets the same batch, autocast, loss function, clipping and AdamW; compiled, its
+model, head and loss are one region too, as ours.
 
     python benchmarks/gpu_train.py                        # about 80 s on one H100
     python benchmarks/gpu_train.py --batch 16 --no-compile --out gpu.md
@@ -115,13 +115,12 @@ def peer(config: GPTConfig, compiled: bool) -> tuple[nn.Module, Loss]:
             attn_implementation="sdpa",  # PyTorch's fused attention, as ours on a GPU
         )
     ).cuda()
-    body = torch.compile(model.transformer) if compiled else model.transformer
 
     def loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        hidden = body(input_ids=x, use_cache=False).last_hidden_state
+        hidden = model.transformer(input_ids=x, use_cache=False).last_hidden_state
         return next_token_loss(model.lm_head(hidden), y)
 
-    return model, loss
+    return model, torch.compile(loss) if compiled else loss
 
 
 def training_step(
@@ -261,6 +260,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after the first")
     p.add_argument("--steps", type=int, default=20, help="timed steps per contestant")
     p.add_argument("--no-compile", action="store_true", help="eager contestants only")
+    p.add_argument("--no-eager", action="store_true", help="compiled contestants only")
     p.add_argument("--no-peer", action="store_true", help="without transformers' GPT2LMHeadModel")
     p.add_argument(
         "--levers", action="store_true", help="the config's levers one at a time on GPT-2's recipe, eager"
@@ -310,7 +310,14 @@ def main() -> None:
         return
     peaks = [matmul_peak()]
     rows: list[Row] = []
-    for compiled in (False, True) if not args.no_compile else (False,):
+    ways = [
+        compiled
+        for compiled in (False, True)
+        if not (args.no_compile and compiled or args.no_eager and not compiled)
+    ]
+    if not ways:
+        raise SystemExit("error: --no-compile and --no-eager leave nothing to time")
+    for compiled in ways:
         ours_built = functools.partial(ours, gpt, adamw, compiled)
         rows += time_contestant("minigpt", compiled, optimizers, ours_built, batches, args.warmup, args.steps)
         if not args.no_peer:

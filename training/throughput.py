@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import lightning as L
+import torch
 
 from .flops import known_peak_flops, training_flops_per_token
 from .loggers import step_logs_written
@@ -61,6 +62,10 @@ class TokensPerSecond(L.Callback):
             return  # the tokens and the time add up to the next step that is written
         # From the step count, so that a resumed run continues the count where it stopped.
         pl_module.log("tokens_seen", float(trainer.global_step * tokens_per_step(trainer, batch[0].numel())))
+        if pl_module.device.type == "cuda":
+            # Steps run ahead of the host between log steps; this step reads its values anyway, so
+            # waiting here for the device costs nothing and times the device's work, not the queue.
+            torch.cuda.synchronize(pl_module.device)
         now = time.perf_counter()
         if self._last is not None:
             rate = self._tokens / (now - self._last)

@@ -1,0 +1,55 @@
+"""When a `train.py` run reached what: a callback that a benchmark adds to a run
+(`--trainer.callbacks+=suite.timeline.Timeline`, with this folder on PYTHONPATH) to write one JSON
+line per event, each with the seconds since the command started (`$MINIGPT_T0`, the epoch time the
+benchmark took just before starting the command; else since the callback was built)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+T0 = "MINIGPT_T0"
+"""The environment variable holding the epoch time the command was started at."""
+
+
+class Timeline(L.Callback):
+    """Writes `{"event", "step", "s", ...}` lines to `path` (rank 0): the first training step's
+    end, every validation's end with its figures, and the end of training."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.start = float(os.environ.get(T0) or time.time())
+        self._first = True
+
+    def _write(self, trainer: L.Trainer, event: str, **figures: Any) -> None:
+        if not trainer.is_global_zero:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = {
+            "event": event,
+            "step": trainer.global_step,
+            "s": round(time.time() - self.start, 3),
+            **figures,
+        }
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._first:
+            self._first = False
+            self._write(trainer, "first_step")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        metrics = trainer.callback_metrics
+        figures = {name: float(metrics[name]) for name in ("val_loss", "val_bpb") if name in metrics}
+        self._write(trainer, "validation", **figures)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write(trainer, "train_end")
