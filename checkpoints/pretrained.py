@@ -3,6 +3,9 @@
 The weights decide the model's shape; a run may change only what leaves the parameters as they
 are (dropout, the attention path) and may shorten the context, keeping the first rows of the
 position table, as nanoGPT's `crop_block_size` does.
+
+A hub name is looked up in the hub's cache first when the hub cannot be reached, and otherwise
+stops at once with the command that downloads it, instead of after the hub client's retries.
 """
 
 from __future__ import annotations
@@ -11,22 +14,71 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from minigpt.common import hub
 from minigpt.model import GPT, ConfigError, GPTConfig
 
 from .description import FUNCTION_SETTINGS, PARAMETER_SETTINGS, read_description
+from .errors import CheckpointError
 from .formats import ModelFile, open_model_file
+from .huggingface import CONFIG_FILE, HUB_NAME
 from .load import load_weights
 
 SHAPE_SETTINGS = PARAMETER_SETTINGS + FUNCTION_SETTINGS
 """Settings the weights fix: their parameters' shapes, and the functions they were trained with."""
+DOWNLOADED_AS = {"gpt2-124m": "gpt2"}
+"""Folder names docs/huggingface.md downloads a hub model into, and that model's hub name."""
 
 
 def open_pretrained(source: str | Path) -> tuple[ModelFile, GPTConfig, dict[str, Any]]:
     """The model file `source` names (a GPT-2 folder, a hub name, a run folder, a checkpoint or
-    safetensors file), the config its weights were trained with, and its tokenizer spec."""
-    model_file = open_model_file(source)
+    safetensors file), the config its weights were trained with, and its tokenizer spec.
+
+    Raises:
+        CheckpointError: The file is unusable, or `source` is a hub name neither on this machine
+            nor fetchable (the line says how to download it).
+    """
+    name = str(source)
+    if _names_hub_model(name) and (reason := hub.hub_unreachable()) is not None:
+        if not _in_hub_cache(name):
+            raise CheckpointError(_download_hint(name, reason))
+        with hub.hub_offline():
+            model_file = open_model_file(source)
+    else:
+        model_file = open_model_file(source)
     config, spec = read_description(model_file.description, model_file.path)
     return model_file, config, spec
+
+
+def _names_hub_model(name: str) -> bool:
+    """Whether `resolve_checkpoint` would ask the hub for `name`: no such path, a hub-like name."""
+    path = Path(name)
+    return (
+        not path.exists()
+        and HUB_NAME.fullmatch(name) is not None
+        and path.suffix not in (".ckpt", ".safetensors")
+    )
+
+
+def _in_hub_cache(name: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(name, CONFIG_FILE), str)
+
+
+def _download_hint(name: str, reason: str) -> str:
+    """One line: `name` is not here and cannot be fetched, and the command that fetches it."""
+    if name in DOWNLOADED_AS:
+        return (
+            f"no folder {name} here, and it cannot be fetched: {reason}; where a network is, download "
+            f"`{DOWNLOADED_AS[name]}` into it with `hf download {DOWNLOADED_AS[name]} --local-dir {name}`, "
+            "then copy that folder here"
+        )
+    folder = name.split("/")[-1]
+    then = "copy that folder here" if folder == name else f"copy that folder here and pass {folder}"
+    return (
+        f"no file or folder {name} here, and the hub model `{name}` cannot be fetched: {reason}; where a "
+        f"network is, download it with `hf download {name} --local-dir {folder}`, then {then}"
+    )
 
 
 def pretrained_config(weights: GPTConfig, ours: GPTConfig, given: set[str], source: str) -> GPTConfig:

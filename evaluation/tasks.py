@@ -2,16 +2,23 @@
 
 Only this module and `harness.py` import lm-eval (the `eval` extra); `evaluate.py` and the
 `EvaluateTasks` callback import them when tasks are asked for, so training never needs lm-eval.
+
+lm-eval's own tasks read their datasets from the Hugging Face hub. Where it cannot be reached (a
+probe of two seconds, `common/hub.py`), the tasks are found without indexing lm-eval's 10,000+
+task files and loaded in offline mode: a cached dataset loads at once, a missing one stops in one
+line naming it, where the hub client would otherwise retry for half a minute.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minigpt.common import UsageError, one_line
+from minigpt.common import UsageError, hub, one_line
 from minigpt.data import DataError, Tokenizer
 from minigpt.model import GPT
 
@@ -56,6 +63,12 @@ def task_manager(tasks: list[str], include_path: str | None) -> Any:
         local = TaskManager(include_path=include_path, include_defaults=False)
         if all(local.match_tasks([name]) for name in tasks):
             return local
+    if hub.hub_unreachable() is not None and (folders := _task_folders(tasks)):
+        # Their data must come from the cache: find out in a second whether it is there.
+        paths = folders + ([include_path] if include_path is not None else [])
+        found = TaskManager(include_path=paths, include_defaults=False)
+        if all(name in found.all_subtasks for name in tasks):
+            return found
     manager = TaskManager(include_path=include_path)
     unknown = [name for name in tasks if not manager.match_tasks([name])]
     if unknown:
@@ -94,23 +107,72 @@ def run_tasks(
 
 
 def load_tasks(manager: Any, tasks: list[str]) -> dict[str, Any]:
-    """lm-eval's loaded tasks (their data read or fetched), one at a time so a failure names its task.
+    """lm-eval's loaded tasks (their data read or fetched), one at a time so a failure names its task;
+    in offline mode where a task's data is on a hub that cannot be reached.
 
     Raises:
         DataError: A task's data cannot be loaded.
     """
     loaded: dict[str, Any] = {"tasks": {}, "groups": {}, "group_map": {}}
     for name in tasks:
+        dataset = _hub_dataset(manager, name)
+        unreachable = hub.hub_unreachable() if dataset is not None else None
         try:
-            one = manager.load([name])
+            with hub.hub_offline() if unreachable else nullcontext():
+                one = manager.load([name])
         except (DataError, UsageError):
             raise
         except Exception as error:
+            if unreachable:
+                raise DataError(_not_cached(name, dataset, unreachable)) from None
             reason = one_line(error, root_cause=True)
             raise DataError(f"could not load the data of task {name}: {reason}") from None
         for key in loaded:
             loaded[key].update(one.get(key, {}))
     return loaded
+
+
+def _task_folders(tasks: list[str]) -> list[str]:
+    """The folders of lm-eval's own task files that define `tasks` (`task: <name>` at the top
+    level), found by reading the files as text: parsing them all, as lm-eval's index does, takes
+    seconds. Empty where any task is not found so (a group, a tag)."""
+    import lm_eval.tasks
+
+    wanted = "|".join(re.escape(name) for name in tasks)
+    line = re.compile(rf"^task:\s*[\"']?({wanted})[\"']?\s*$", re.M)
+    folders: dict[str, None] = {}
+    seen: set[str] = set()
+    for path in sorted(Path(lm_eval.tasks.__file__).parent.glob("**/*.yaml")):
+        match = line.search(path.read_text(encoding="utf-8", errors="replace"))
+        if match:
+            folders[str(path.parent)] = None
+            seen.add(match.group(1))
+    return list(folders) if seen == set(tasks) else []
+
+
+def _hub_dataset(manager: Any, name: str) -> str | None:
+    """The hub dataset a task reads (`owner/name`, as lm-eval's tasks name theirs): None for local
+    data (a file builder such as `json`, a folder); `""` for a group or tag, whose tasks may."""
+    entry = manager.task_index.get(name)
+    if entry is None or name not in manager.all_subtasks:
+        return ""
+    path = (entry.cfg or {}).get("dataset_path")
+    if not isinstance(path, str) or "/" not in path or Path(path).expanduser().exists():
+        return None
+    return path
+
+
+def _not_cached(task: str, dataset: str, reason: str) -> str:
+    """One line: what the task needs from the hub, and how to bring it here."""
+    import huggingface_hub.constants
+
+    cache = huggingface_hub.constants.HF_HOME
+    needs = f"the dataset {dataset}" if dataset else "datasets"
+    return (
+        f"task {task} reads {needs} from the Hugging Face hub, not in this machine's cache ({cache}), "
+        f"and {reason}: where a network is, run this evaluation once (--limit 1 will do), then copy that "
+        f"machine's Hugging Face cache (~/.cache/huggingface, or $HF_HOME) to {cache} here"
+    )
 
 
 def evaluate_lm(
