@@ -25,7 +25,8 @@ class DataConfig:
     registered with register_tokenizer."""
     vocab_size: int | None = None
     """Ids of a learned tokenizer (bpe): the 256 bytes, the special tokens and the merges learned
-    (null: 4096). Other tokenizers take their size from their vocabulary."""
+    (null: 4096, or fewer where the training text supports fewer, as a warning says). Other
+    tokenizers take their size from their vocabulary."""
     special_tokens: tuple[str, ...] | None = None
     """Special tokens of a learned tokenizer (bpe), ids 0, 1, ...; the first separates documents
     (null: ["<|endoftext|>"])."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -13,6 +14,8 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from ..errors import DataError
 from .base import BaseTokenizer, Tokenizer, register_tokenizer, require_texts
 from .hf_json import byte_to_char, encode_with
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_VOCAB_SIZE = 4096
 DEFAULT_SPECIAL_TOKENS = ("<|endoftext|>",)
@@ -88,8 +91,11 @@ class BPETokenizer(BaseTokenizer):
     ) -> BPETokenizer:
         """Learn merges from ``texts`` (read once, as a stream) until the vocabulary has ``vocab_size`` ids.
 
+        With ``vocab_size`` None, a text too small for the default size gets the vocabulary it
+        supports, and a warning says so.
+
         Raises:
-            DataError: Bad options, or the text has too few repeated pairs to fill ``vocab_size``.
+            DataError: Bad options, or the text has too few repeated pairs to fill a ``vocab_size`` given.
         """
         size, specials = _settings(vocab_size, special_tokens)
         tokenizer = HFTokenizer(models.BPE())
@@ -111,7 +117,18 @@ class BPETokenizer(BaseTokenizer):
 
         tokenizer.train_from_iterator(counted(texts), trainer=trainer)
         got = tokenizer.get_vocab_size(with_added_tokens=True)
-        if got < size:
+        if got < size and vocab_size is None:
+            # A small text of your own, with a config's default size: train on what it supports.
+            logger.warning(
+                "data.vocab_size: the training text's %s bytes support %d tokens (pairs seen %d+ times),"
+                " fewer than the default %d: using %d (set data.vocab_size to choose)",
+                f"{seen[0]:,}",
+                got,
+                MIN_PAIR_COUNT,
+                size,
+                got,
+            )
+        elif got < size:
             raise DataError(
                 f"data.vocab_size {size} is more than the training text supports: its {seen[0]:,} bytes"
                 f" give only {got} tokens (pairs seen {MIN_PAIR_COUNT}+ times); lower vocab_size"

@@ -4,6 +4,7 @@ split only, and bad options as one line."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -88,6 +89,17 @@ def test_a_vocabulary_the_training_text_cannot_fill_is_one_line() -> None:
     with pytest.raises(DataError, match="vocab_size 5000 is more than the training text supports") as caught:
         BPETokenizer.learn([CORPUS], vocab_size=5000)
     assert "\n" not in str(caught.value)
+
+
+def test_a_text_too_small_for_the_default_size_gets_the_vocabulary_it_supports(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        tokenizer = BPETokenizer.learn([CORPUS])
+    assert 257 < tokenizer.n_vocab < 4096
+    (line,) = [r.getMessage() for r in caplog.records if "data.vocab_size" in r.getMessage()]
+    assert f"using {tokenizer.n_vocab} (set data.vocab_size to choose)" in line
+    assert BPETokenizer.learn([CORPUS]).spec() == tokenizer.spec()  # the same every time
 
 
 def test_the_vocabulary_never_sees_the_validation_split(tmp_path: Path) -> None:
