@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -29,6 +28,7 @@ from minigpt.model import GPTConfig
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.callbacks import DivergenceError, SaveAndStopOnSignal
 from minigpt.training.global_batch import apply_tokens_per_step, planned_accumulation
+from minigpt.training.lightning_internals import help_showing
 from minigpt.training.lit import LitGPT
 from minigpt.training.precision import resolve_precision
 
@@ -61,31 +61,20 @@ class TrainParser(LightningArgumentParser):
         self.help_topic: str | None = None
 
     def format_help(self, *args: Any, **kwargs: Any) -> str:
-        # argparse has no public way to leave groups out of the help: its `_action_groups`,
-        # `_group_actions` and `_HelpAction` (Python 3.10-3.13, jsonargparse 4.53) are put back after;
-        # test_help_shows_our_settings_and_says_where_lightnings_are fails if they change.
         lightning = self.help_topic == LIGHTNING_HELP
-
-        def shown(action: argparse.Action) -> bool:
-            return isinstance(action, argparse._HelpAction) or is_lightnings(action.dest) == lightning
-
-        groups, description = self._action_groups, self.description
-        self._action_groups = [g for g in groups if any(shown(a) for a in g._group_actions)]
+        description = self.description
         if lightning:
             self.description = (
                 "Lightning's settings for train.py: the Trainer's (--trainer.*) and LightningCLI's "
                 "--optimizer and --lr_scheduler. `%(prog)s --help` shows the model's, the data's "
                 "and the run's."
             )
-        hidden = [(a, a.help) for a in self._actions if not shown(a)]
-        for action, _ in hidden:
-            action.help = argparse.SUPPRESS
         try:
-            return super().format_help(*args, **kwargs)
+            # Neither argparse nor jsonargparse can leave a group out of the help: see help_showing.
+            with help_showing(self, lambda action: is_lightnings(action.dest) == lightning):
+                return super().format_help(*args, **kwargs)
         finally:
-            self._action_groups, self.description = groups, description
-            for action, help_text in hidden:
-                action.help = help_text
+            self.description = description
 
 
 def is_lightnings(key: str) -> bool:
@@ -95,6 +84,7 @@ def is_lightnings(key: str) -> bool:
 
 def help_topic(args: list[str]) -> tuple[list[str], str | None]:
     """`--help trainer` (or `--help=trainer`) as `--help` and its topic; other arguments as they are."""
+    # jsonargparse's --help takes no topic.
     for i, arg in enumerate(args):
         if arg in ("-h", "--help") and args[i + 1 : i + 2] == [LIGHTNING_HELP]:
             return args[: i + 1] + args[i + 2 :], LIGHTNING_HELP
@@ -140,8 +130,8 @@ class MiniGPTCLI(LightningCLI):
         parser.set_defaults({"trainer.default_root_dir": DEFAULT_RUN_DIR})
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        # A fine-tune takes its shape from the weights; --print_config would print the config
-        # before that, so it is answered here, after.
+        # A fine-tune takes its shape from the weights, and jsonargparse's --print_config prints
+        # before that, in the parser's order (Lightning's first): it is answered here, after.
         print_config = "--print_config" in args
         args, topic = help_topic([arg for arg in args if arg != "--print_config"])
         if isinstance(parser, TrainParser):
@@ -172,6 +162,8 @@ class MiniGPTCLI(LightningCLI):
         Parsed again without defaults. The link to data.context_length needs its source, so a
         placeholder goes first, where any config file or later option overrides it.
         """
+        # jsonargparse keeps no record of where a value came from: parsing without defaults is its
+        # only way to tell a given setting from a default.
         unset = str(_UNSET_CONTEXT)
         args = [f"--model.gpt.context_length={unset}", *self._args]
         given = self.parser.parse_args(args, defaults=False).get("model.gpt")

@@ -21,6 +21,8 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from minigpt.common import atomic_write
 
+from .lightning_internals import save_last_checkpoint
+
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file and renames it into place.
@@ -47,9 +49,7 @@ class ModelCheckpoint(LightningModelCheckpoint):
     """
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.save_last and not self._should_skip_saving_checkpoint(trainer):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-        else:
+        if not (self.save_last and save_last_checkpoint(self, trainer)):
             super().on_train_end(trainer, pl_module)
 
 

@@ -26,6 +26,7 @@ from minigpt.evaluation.metrics import BitsPerByte
 from minigpt.model import GPT, ConfigError, GPTConfig
 
 from .config import OptimConfig
+from .lightning_internals import attached_trainer, keep_stopped_epoch_open, set_logging_step
 from .loggers import step_logs_written
 from .loss import fused_linear_cross_entropy, next_token_loss, token_losses
 from .optim import build_optimizer, build_scheduler
@@ -149,13 +150,12 @@ class LitGPT(L.LightningModule):
         # global_step at the start of every batch. A checkpoint saved by the validation Lightning
         # adds when a run is told to stop (SIGTERM, Ctrl-C, max_time) brings that count back one
         # short, and the resumed run's curve would sit one step left of the first part's.
-        loop = self.trainer.fit_loop.epoch_loop
-        loop._batches_that_stepped = self.trainer.global_step
+        set_logging_step(self.trainer, self.trainer.global_step)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = self.loss(x, y)
-        if step_logs_written(self._trainer):
+        if step_logs_written(attached_trainer(self)):
             self.log("train_loss", loss)  # StepProgressBar shows it
         return loss
 
@@ -171,7 +171,7 @@ class LitGPT(L.LightningModule):
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(
                     self.model.parameters(), self.optim_config.grad_clip
                 )
-            if step_logs_written(self._trainer):
+            if step_logs_written(attached_trainer(self)):
                 self.log("grad_norm", self.grad_norm)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -203,7 +203,8 @@ class LitGPT(L.LightningModule):
         # Dropout draws from torch's generator: restoring it makes a resumed run exact.
         checkpoint["torch_rng_state"] = torch.get_rng_state()
         checkpoint[ARITHMETIC_KEY] = self._arithmetic()
-        _keep_a_stopped_epoch_open(self.trainer, checkpoint)
+        # A run stopped by max_steps mid-epoch resumes with the epoch's next batch.
+        keep_stopped_epoch_open(self.trainer, checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get(MODEL_KEY)
@@ -278,17 +279,3 @@ FUNCTION_KEYS = FUNCTION_SETTINGS
 
 def _shape(gpt: dict[str, Any]) -> str:
     return "(" + ", ".join(f"{k}={gpt.get(k)}" for k in SHAPE_KEYS) + ")"
-
-
-def _keep_a_stopped_epoch_open(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
-    """A run stopped by ``max_steps`` part-way through an epoch ends that epoch in Lightning's
-    books; a checkpoint saved then would resume at the next epoch's first batch, skipping the rest
-    of this one. Record the epoch as started but not finished, as a checkpoint saved between steps
-    records it, so ``--ckpt_path last`` with a larger ``max_steps`` goes on with the next batch."""
-    fit = checkpoint.get("loops", {}).get("fit_loop")
-    taken = trainer.fit_loop.epoch_loop.batch_progress.current.ready
-    if fit is None or taken >= trainer.num_training_batches:
-        return
-    for counts in fit["epoch_progress"].values():  # "total" and "current"
-        if counts["processed"] == counts["started"]:
-            counts["processed"] = counts["completed"] = counts["started"] - 1

@@ -20,6 +20,8 @@ from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 
 from minigpt.common import UsageError
 
+from .lightning_internals import step_logs_kept
+
 log = logging.getLogger("minigpt")
 
 WandbMode = Literal["auto", "online", "offline", "disabled"]
@@ -144,4 +146,4 @@ def step_logs_written(trainer: Any) -> bool:
     module used without one): True."""
     if trainer is None or trainer.fast_dev_run:
         return True
-    return bool(getattr(trainer._logger_connector, "should_update_logs", True))
+    return step_logs_kept(trainer)

@@ -24,6 +24,7 @@ from minigpt.training.config import SampleConfig
 from minigpt.training.console import RunSummary, StepProgressBar, compile_tip
 from minigpt.training.dashboard import SampleText
 from minigpt.training.flops import training_flops_per_token
+from minigpt.training.lightning_internals import logging_step
 from minigpt.training.lit import LitGPT
 from minigpt.training.throughput import TokensPerSecond
 
@@ -109,7 +110,7 @@ def test_steps_whose_logs_lightning_drops_log_nothing_and_throughput_spans_the_s
 
     def counted(module: LitGPT, name: str, *args: object, **kwargs: object) -> None:
         if module.trainer.training:  # the step being taken, from 1
-            calls.append((module.trainer.fit_loop.epoch_loop._batches_that_stepped + 1, name))
+            calls.append((logging_step(module.trainer) + 1, name))
         log(module, name, *args, **kwargs)
 
     monkeypatch.setattr(LitGPT, "log", counted)

@@ -1,0 +1,213 @@
+"""Each use of Lightning's private state (`minigpt.training.lightning_internals`) on a real, small
+Trainer: these fail when a new Lightning changes what a function relies on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import Logger
+
+from minigpt.training.lightning_internals import (
+    attached_trainer,
+    help_showing,
+    keep_stopped_epoch_open,
+    logging_step,
+    save_last_checkpoint,
+    set_logging_step,
+    step_logs_kept,
+)
+
+
+def make_trainer(tmp_path: Path, **settings: Any) -> L.Trainer:
+    """A CPU Trainer over BoringModel's data: 10 batches an epoch, no validation, nothing printed."""
+    defaults = dict(
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_train_batches=10,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        max_steps=4,
+    )
+    return L.Trainer(**{**defaults, **settings})
+
+
+class StepsLogged(Logger):
+    """The steps of the rows the loggers receive with a value of "x"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[int] = []
+
+    @property
+    def name(self) -> str:
+        return "steps"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if "x" in metrics:
+            self.steps.append(step)
+
+
+class LogsEveryStep(BoringModel):
+    """Logs "x" at every training step, recording what the internals say there; with `offset`,
+    moves the step Lightning logs under by that much as each batch starts."""
+
+    def __init__(self, offset: int = 0) -> None:
+        super().__init__()
+        self.offset = offset
+        self.seen: list[tuple[int, int, bool]] = []
+        """(global_step, logging_step, step_logs_kept) at each training step."""
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        if self.offset:
+            set_logging_step(self.trainer, self.trainer.global_step + self.offset)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        trainer = self.trainer
+        self.seen.append((trainer.global_step, logging_step(trainer), step_logs_kept(trainer)))
+        self.log("x", float(batch_idx))
+        return super().training_step(batch, batch_idx)
+
+
+def test_attached_trainer_is_the_modules_trainer_or_none(tmp_path: Path) -> None:
+    model = BoringModel()
+    assert attached_trainer(model) is None
+    with pytest.raises(RuntimeError, match="not attached"):
+        model.trainer  # noqa: B018 (what attached_trainer spares its callers)
+    trainer = make_trainer(tmp_path, max_steps=1)
+    trainer.fit(model)
+    assert attached_trainer(model) is trainer
+
+
+def test_logging_step_counts_optimizer_steps_and_step_logs_kept_says_which_reach_the_loggers(
+    tmp_path: Path,
+) -> None:
+    model, logger = LogsEveryStep(), StepsLogged()
+    # 14 steps over two epochs of 10 batches: the count runs on across the epoch's end.
+    make_trainer(tmp_path, logger=logger, log_every_n_steps=3, max_steps=14).fit(model)
+    assert [counted for _, counted, _ in model.seen] == list(range(14))
+    assert [counted for step, counted, _ in model.seen] == [step for step, _, _ in model.seen]
+    kept = [counted for _, counted, is_kept in model.seen if is_kept]
+    assert kept == [2, 5, 8, 11]  # every third step
+    # A kept step's values reach the loggers under its count; the others' never do.
+    assert logger.steps == kept
+
+
+def test_set_logging_step_moves_the_step_values_are_logged_under(tmp_path: Path) -> None:
+    plain, moved = StepsLogged(), StepsLogged()
+    make_trainer(tmp_path / "plain", logger=plain, log_every_n_steps=2, max_steps=6).fit(LogsEveryStep())
+    model = LogsEveryStep(offset=100)
+    make_trainer(tmp_path / "moved", logger=moved, log_every_n_steps=2, max_steps=6).fit(model)
+    assert [counted for _, counted, _ in model.seen] == [100 + step for step in range(6)]
+    assert plain.steps and moved.steps == [100 + step for step in plain.steps]
+
+
+class RecordsBatches(BoringModel):
+    """Records (epoch, batch index) of every training batch; with `keep_open`, its checkpoints
+    keep an epoch that max_steps stopped open."""
+
+    def __init__(self, keep_open: bool) -> None:
+        super().__init__()
+        self.keep_open = keep_open
+        self.batches: list[tuple[int, int]] = []
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.batches.append((self.current_epoch, batch_idx))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.keep_open:
+            keep_stopped_epoch_open(self.trainer, checkpoint)
+
+
+class SaveAtEnd(L.Callback):
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        trainer.save_checkpoint(self.path)
+
+
+@pytest.mark.parametrize(
+    ("keep_open", "resumed_at"),
+    # Without it, Lightning books the stopped epoch as finished and goes on in the next one, whose
+    # sampler deals other batches: when that fails, a new Lightning may resume mid-epoch on its
+    # own, and the function can go.
+    [(True, [(0, 4), (0, 5)]), (False, [(1, 4), (1, 5)])],
+    ids=["kept open", "Lightning alone"],
+)
+def test_a_run_stopped_mid_epoch_resumes_with_the_next_batch(
+    tmp_path: Path, keep_open: bool, resumed_at: list[tuple[int, int]]
+) -> None:
+    path = tmp_path / "stopped.ckpt"
+    first = RecordsBatches(keep_open)
+    make_trainer(tmp_path, max_steps=4, callbacks=[SaveAtEnd(path)]).fit(first)
+    assert first.batches == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    fit_loop = torch.load(path, weights_only=True)["loops"]["fit_loop"]
+    assert set(fit_loop["epoch_progress"]) >= {"total", "current"}
+    assert set(fit_loop["epoch_progress"]["current"]) >= {"started", "processed", "completed"}
+    resumed = RecordsBatches(keep_open)
+    make_trainer(tmp_path, max_steps=6).fit(resumed, ckpt_path=path)
+    assert resumed.batches == resumed_at
+
+
+class SavesLastAtEnd(L.Callback):
+    """Calls save_last_checkpoint twice as training ends, recording what it answered."""
+
+    def __init__(self, checkpoint: ModelCheckpoint) -> None:
+        self.checkpoint = checkpoint
+        self.answers: list[bool] = []
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.answers += [save_last_checkpoint(self.checkpoint, trainer) for _ in range(2)]
+
+
+def test_save_last_checkpoint_writes_the_current_step_once(tmp_path: Path) -> None:
+    # Lightning's ModelCheckpoint writes last.ckpt at step 2 and, having written one, not at the end.
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True, every_n_train_steps=2)
+    probe = SavesLastAtEnd(checkpoint)
+    trainer = make_trainer(tmp_path, max_steps=3, enable_checkpointing=True, callbacks=[checkpoint, probe])
+    trainer.fit(BoringModel())
+    assert probe.answers == [True, False]  # the second finds this step saved
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 3
+
+
+def test_save_last_checkpoint_writes_nothing_in_a_fast_dev_run(tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "checkpoints", save_last=True)
+    probe = SavesLastAtEnd(checkpoint)  # not among the callbacks: Lightning's own would save at the end
+    make_trainer(tmp_path, fast_dev_run=2, callbacks=[probe]).fit(BoringModel())
+    assert probe.answers == [False, False]
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_help_showing_leaves_out_a_group_and_puts_the_parser_back() -> None:
+    parser = LightningArgumentParser(prog="prog")
+    ours = parser.add_argument_group("ours", description="OUR GROUP")
+    ours.add_argument("--ours.a", type=int, default=1, help="our setting")
+    theirs = parser.add_argument_group("theirs", description="THEIR GROUP")
+    theirs.add_argument("--theirs.b", type=int, default=2, help="their setting")
+    before = parser.format_help()
+    with help_showing(parser, lambda action: not action.dest.startswith("theirs")):
+        shown = parser.format_help()
+    assert "--ours.a" in shown and "OUR GROUP" in shown and "--help" in shown
+    assert "--theirs.b" not in shown and "THEIR GROUP" not in shown and "their setting" not in shown
+    assert parser.format_help() == before
+    assert "THEIR GROUP" in before and "their setting" in before

@@ -1,0 +1,134 @@
+"""Every place the project reaches into Lightning's private state, one small function each.
+
+Lightning has no public way to do what these do. Each function says what it relies on, why the
+project needs it and the versions it was tested on; tests/training/test_lightning_internals.py
+runs each on a real Trainer and fails when a new Lightning changes what it relies on. The rest of
+the project calls these by name and never touches an underscored attribute of Lightning's.
+
+Tested on Lightning 2.6.6 (with jsonargparse 4.53.0 and Python 3.11 for `help_showing`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+# -- the trainer and its loops ------------------------------------------------------------------
+
+
+def attached_trainer(module: L.LightningModule) -> L.Trainer | None:
+    """The Trainer `module` is attached to; None for a module used on its own.
+
+    Relies on `LightningModule._trainer`, the attribute behind `module.trainer` (which raises
+    rather than answering None). Needed because a training step asks the trainer whether its logs
+    are kept (`step_logs_kept`), and tests call the step without one. Tested on Lightning 2.6.6.
+    """
+    return module._trainer
+
+
+def step_logs_kept(trainer: L.Trainer) -> bool:
+    """Whether the values logged during this training step reach the loggers: Lightning writes a
+    step's values every `log_every_n_steps` steps (and as it stops), and drops the others.
+
+    Relies on `trainer._logger_connector.should_update_logs`, which counts steps by the fit loop's
+    `_batches_that_stepped` (`logging_step`). Needed because each `self.log` call costs ~0.5 ms
+    of Python whether or not its value is kept, so per-step figures are logged only on the steps
+    that keep them. Tested on Lightning 2.6.6.
+    """
+    return bool(trainer._logger_connector.should_update_logs)
+
+
+def logging_step(trainer: L.Trainer) -> int:
+    """The step count Lightning logs the current training step's values under (the `step`
+    column of a CSV log), from 0.
+
+    Relies on the fit loop's `epoch_loop._batches_that_stepped`: optimizer steps taken, saved in
+    and restored from checkpoints. Tested on Lightning 2.6.6.
+    """
+    return trainer.fit_loop.epoch_loop._batches_that_stepped
+
+
+def set_logging_step(trainer: L.Trainer, step: int) -> None:
+    """Log the coming training step's values under `step` (`logging_step`).
+
+    Needed because a checkpoint saved by the validation Lightning adds when a run is told to stop
+    (SIGTERM, Ctrl-C, max_time) brings that count back one short of `global_step`, and the resumed
+    run's curve would sit one step left of the first part's. Relies on `_batches_that_stepped`
+    as `logging_step` does. Tested on Lightning 2.6.6.
+    """
+    trainer.fit_loop.epoch_loop._batches_that_stepped = step
+
+
+def keep_stopped_epoch_open(trainer: L.Trainer, checkpoint: dict[str, Any]) -> None:
+    """Record in `checkpoint` (being saved) an epoch that `max_steps` stopped part-way through as
+    started but not finished, as a checkpoint saved between steps records it.
+
+    Needed because Lightning ends that epoch in its books when `max_steps` stops it: the checkpoint
+    would resume at the next epoch's first batch, skipping the rest of this one, and
+    `--ckpt_path last` with a larger `max_steps` would not go on with the next batch. Relies on
+    the fit loop's state in a checkpoint (`loops.fit_loop.epoch_progress`, whose `total` and
+    `current` count epochs `started`, `processed` and `completed`) and on the epoch loop's
+    `batch_progress.current.ready` (batches begun this epoch). Tested on Lightning 2.6.6.
+    """
+    fit = checkpoint.get("loops", {}).get("fit_loop")
+    taken = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+    if fit is None or taken >= trainer.num_training_batches:
+        return
+    for counts in fit["epoch_progress"].values():  # "total" and "current"
+        if counts["processed"] == counts["started"]:
+            counts["processed"] = counts["completed"] = counts["started"] - 1
+
+
+# -- callbacks ----------------------------------------------------------------------------------
+
+
+def save_last_checkpoint(callback: ModelCheckpoint, trainer: L.Trainer) -> bool:
+    """Write `callback`'s `last.ckpt` now, as ModelCheckpoint writes it beside each checkpoint it
+    saves; False, writing nothing, where ModelCheckpoint skips saving (`fast_dev_run`, outside
+    fitting, in the sanity check, or this step already saved).
+
+    Relies on ModelCheckpoint's `_should_skip_saving_checkpoint`, `_monitor_candidates` and
+    `_save_last_checkpoint`. Needed because at the end of a run ModelCheckpoint writes `last.ckpt`
+    only when it never wrote one, so a run stopping between validations would leave it at the
+    last validation. Tested on Lightning 2.6.6.
+    """
+    if callback._should_skip_saving_checkpoint(trainer):
+        return False
+    callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+    return True
+
+
+# -- LightningCLI's parser ----------------------------------------------------------------------
+
+
+@contextmanager
+def help_showing(parser: argparse.ArgumentParser, shown: Callable[[argparse.Action], bool]) -> Iterator[None]:
+    """Within it, `parser.format_help()` leaves out the arguments `shown` refuses and the groups
+    left without one; `--help` itself always shows. The parser is as it was after.
+
+    Relies on argparse's `_actions`, `_action_groups`, each group's `_group_actions` and
+    `_HelpAction`, under LightningCLI's parser. Needed because train.py's `--help` leaves
+    Lightning's ~700 lines of settings to `--help trainer`, and argparse has no public way to
+    leave a group out (a group's description shows even when each of its arguments is hidden).
+    Tested on Python 3.11, jsonargparse 4.53.0 and Lightning 2.6.6.
+    """
+
+    def keep(action: argparse.Action) -> bool:
+        return isinstance(action, argparse._HelpAction) or shown(action)
+
+    groups = parser._action_groups
+    hidden = [(action, action.help) for action in parser._actions if not keep(action)]
+    parser._action_groups = [g for g in groups if any(keep(a) for a in g._group_actions)]
+    for action, _ in hidden:
+        action.help = argparse.SUPPRESS
+    try:
+        yield
+    finally:
+        parser._action_groups = groups
+        for action, help_text in hidden:
+            action.help = help_text
