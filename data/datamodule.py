@@ -13,7 +13,7 @@ from .errors import DataError
 from .loader import ResumableLoader
 from .prepare import PreparedData, open_prepared, prepare
 from .tokenizer import Tokenizer
-from .windows import TokenWindows, TrainWindowSampler, val_offsets
+from .windows import TokenWindows, TrainWindowSampler, ValWindowSampler, validated_windows
 
 
 class TextDataModule(L.LightningDataModule):
@@ -34,7 +34,9 @@ class TextDataModule(L.LightningDataModule):
 
     Validation windows are fixed (:func:`val_offsets`): back to back over the validation split, or
     ``config.val_tokens`` worth of them spread evenly over it when it is larger, so validation
-    stays cheap on a large corpus and its loss compares across runs, devices and resumes.
+    stays cheap on a large corpus and its loss compares across runs, devices and resumes. The
+    budget is the whole validation's, dealt to the ranks (:class:`ValWindowSampler`), and so is
+    a whole-number ``limit_val_batches``: one process and N score the same windows.
     """
 
     # The default instance is frozen, so sharing it between calls is safe.
@@ -95,7 +97,9 @@ class TextDataModule(L.LightningDataModule):
 
     def train_sampler(self, num_replicas: int = 1, rank: int = 0) -> TrainWindowSampler:
         """Rank ``rank``'s share of the training windows (call ``set_epoch`` to pick the epoch)."""
-        return TrainWindowSampler(self.train_dataset(), self.config.seed, num_replicas, rank)
+        return TrainWindowSampler(
+            self.train_dataset(), self.config.seed, num_replicas, rank, least_per_rank=self.config.batch_size
+        )
 
     def train_dataloader(self) -> ResumableLoader:
         trainer = self.trainer
@@ -103,10 +107,28 @@ class TextDataModule(L.LightningDataModule):
         sampler = self.train_sampler(num_replicas, rank)
         return ResumableLoader(sampler.windows, sampler=sampler, drop_last=True, **self._loader_options())
 
+    def val_windows(self, limit_batches: int | float | None = None) -> list[int]:
+        """The windows one validation scores, over every rank together (:func:`validated_windows`):
+        ``config.val_tokens`` worth, and at most ``limit_batches`` batches of them when that is a
+        whole number (the trainer's ``limit_val_batches``)."""
+        return validated_windows(
+            self.val_dataset(), self.config.val_tokens, limit_batches, self.config.batch_size
+        )
+
     def val_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        num_replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         dataset = self.val_dataset()
-        offsets = val_offsets(dataset, self.config.val_tokens)
-        return DataLoader(dataset, sampler=offsets, drop_last=False, **self._loader_options())
+        offsets = self.val_windows(trainer.limit_val_batches if trainer is not None else None)
+        if 0 < len(offsets) < num_replicas:
+            # A rank with no window would skip the first validation forward, in which DDP
+            # broadcasts the model's buffers, and the others would wait for it forever.
+            raise DataError(
+                f"validation has {len(offsets)} window(s) of {self.context_length} tokens for {num_replicas}"
+                " processes: give it more (data.config.val_fraction, val_tokens) or use fewer processes"
+            )
+        sampler = ValWindowSampler(dataset, offsets, num_replicas, rank)
+        return DataLoader(dataset, sampler=sampler, drop_last=False, **self._loader_options())
 
     def _loader_options(self) -> dict[str, Any]:
         workers = self.config.num_workers

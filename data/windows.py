@@ -69,17 +69,23 @@ class TokenWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 def train_offsets(
-    num_tokens: int, context_length: int, seed: int, epoch: int, num_starts: int | None = None
+    num_tokens: int,
+    context_length: int,
+    seed: int,
+    epoch: int,
+    num_starts: int | None = None,
+    least: int = 0,
 ) -> np.ndarray:
-    """Indices of one epoch's training windows, ``(num_tokens // T,)`` int64.
+    """Indices of one epoch's training windows, ``(max(num_tokens // T, least),)`` int64.
 
     Uniformly random over the ``num_starts`` window starts (default ``num_tokens - T``: one
     segment, where an index is a start position), so one pass sees about as many tokens as the
-    split holds, and a function of ``(seed, epoch)`` alone.
+    split holds (at least ``least`` windows, for a text smaller than a batch), and a function of
+    ``(seed, epoch)`` alone.
     """
     rng = np.random.default_rng([seed, epoch])
     high = num_tokens - context_length if num_starts is None else num_starts
-    return rng.integers(0, high, size=num_tokens // context_length)
+    return rng.integers(0, high, size=max(num_tokens // context_length, least))
 
 
 def val_offsets(windows: TokenWindows, max_tokens: int | None = None) -> list[int]:
@@ -98,29 +104,80 @@ def val_offsets(windows: TokenWindows, max_tokens: int | None = None) -> list[in
     return indices.tolist()
 
 
+def validated_windows(
+    windows: TokenWindows, max_tokens: int | None, limit_batches: int | float | None, batch_size: int
+) -> list[int]:
+    """The windows one validation scores over every rank together: :func:`val_offsets`, then, for a
+    whole number ``limit_batches`` (Lightning's ``limit_val_batches``), the first ``limit_batches``
+    batches' worth of them. The limit counts batches of the whole run, not of each process, so one
+    process and N validate on the same windows; a fraction is left to Lightning, per process."""
+    offsets = val_offsets(windows, max_tokens)
+    if isinstance(limit_batches, int) and not isinstance(limit_batches, bool):
+        offsets = offsets[: limit_batches * batch_size]
+    return offsets
+
+
+class ValWindowSampler(DistributedSampler):
+    """One rank's share of the validation windows: windows ``r, r + R, r + 2R, ...`` of the
+    given ones, each scored by exactly one rank.
+
+    Torch's ``DistributedSampler``, which Lightning puts on a validation loader under DDP, pads
+    the shares to one length by repeating windows, which would then count twice; this one leaves
+    them uneven by at most one window. As a ``DistributedSampler``, Lightning neither wraps nor
+    replaces it.
+    """
+
+    def __init__(
+        self, windows: TokenWindows, offsets: Sequence[int], num_replicas: int = 1, rank: int = 0
+    ) -> None:
+        """
+        Args:
+            windows: The validation split.
+            offsets: The windows of the whole validation (:func:`validated_windows`).
+            num_replicas: Number of ranks sharing it.
+            rank: This rank, ``0 <= rank < num_replicas``.
+        """
+        super().__init__(windows, num_replicas, rank, shuffle=False, drop_last=False)
+        self.share = list(offsets[rank::num_replicas])
+        self.num_samples = len(self.share)
+        self.total_size = len(offsets)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.share)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
 class TrainWindowSampler(DistributedSampler):
     """One rank's share of an epoch's random training windows, as start positions.
 
     A :class:`~torch.utils.data.DistributedSampler`, so Lightning neither wraps nor replaces it
     under DDP; the rank and the number of ranks are given, never read from ``torch.distributed``.
     Rank ``r`` of ``R`` takes windows ``r, r + R, r + 2R, ...`` of :func:`train_offsets`; the tail
-    that does not divide evenly is dropped, so every rank has the same number of batches.
+    that does not divide evenly is dropped, so every rank has the same number of batches. A text
+    smaller than ``least_per_rank`` windows per rank still gives each rank that many a pass.
 
     :meth:`set_epoch` (Lightning calls it before every epoch) selects the epoch's windows; only the
     running epoch's share is held in memory, and only while it is being iterated.
     """
 
-    def __init__(self, windows: TokenWindows, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+    def __init__(
+        self, windows: TokenWindows, seed: int, num_replicas: int = 1, rank: int = 0, least_per_rank: int = 0
+    ) -> None:
         """
         Args:
             windows: The training split.
             seed: With the epoch, determines every window.
             num_replicas: Number of ranks sharing the epoch.
             rank: This rank, ``0 <= rank < num_replicas``.
+            least_per_rank: Windows each rank takes in an epoch at the least (one batch: an epoch
+                of none would end the run before its first step).
         """
         super().__init__(windows, num_replicas, rank, shuffle=False, seed=seed, drop_last=True)
         self.windows = windows
-        self.num_samples = windows.num_tokens // windows.context_length // num_replicas
+        self.least = least_per_rank * num_replicas
+        self.num_samples = max(windows.num_tokens // windows.context_length, self.least) // num_replicas
         self.total_size = self.num_samples * num_replicas
         self._start = 0
 
@@ -132,7 +189,7 @@ class TrainWindowSampler(DistributedSampler):
         """This rank's start positions for the current epoch, ``(num_samples,)`` int64."""
         windows = self.windows
         offsets = train_offsets(
-            windows.num_tokens, windows.context_length, self.seed, self.epoch, len(windows)
+            windows.num_tokens, windows.context_length, self.seed, self.epoch, len(windows), self.least
         )
         return offsets[self.rank : self.total_size : self.num_replicas].copy()  # frees the other ranks' part
 

@@ -114,12 +114,14 @@ DDP = ("--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.stra
 # (accumulate_grad_batches 1); on one it reads 8 and 8 again (accumulate_grad_batches 2). The
 # windows are the same either way: the epoch's random start positions are dealt to the ranks in
 # turn, so rank 0 and rank 1 read between them the 16 windows one process reads in two batches.
-# Validation reads 32 windows both ways: 2 batches of 8 per rank, or 4 on one process; it comes
-# every 4 optimizer steps both ways (with tokens_per_step, val_check_interval counts steps).
+# Validation reads the same 32 windows both ways (limit_val_batches counts the batches of the whole
+# run): 2 batches of 8 per rank, or 4 on one process; it comes every 4 optimizer steps both ways
+# (with tokens_per_step, val_check_interval counts steps).
 SAME_RUN = ("--tokens_per_step", "1024", "--data.config.batch_size", "8", "--trainer.max_steps", "8")
 SAME_RUN += ("--trainer.val_check_interval", "4", "--trainer.log_every_n_steps", "1")
-ON_TWO = (*DDP, "--trainer.limit_val_batches", "2")
-ON_ONE = ("--trainer.accelerator", "cpu", "--trainer.devices", "1", "--trainer.limit_val_batches", "4")
+SAME_RUN += ("--trainer.limit_val_batches", "4")
+ON_TWO = DDP
+ON_ONE = ("--trainer.accelerator", "cpu", "--trainer.devices", "1")
 
 WITH_DROPOUT = (*DDP, "--model.gpt.dropout", "0.1", "--trainer.max_steps", "4")
 """tiny.yaml on two processes with dropout, so that every step draws from the random generator,
@@ -287,7 +289,7 @@ def fsdp_and_diverged(corpus: Path, tmp_path_factory: pytest.TempPathFactory) ->
     weight decay on), and tiny.yaml with rank 1's weights poisoned at step 3 (PoisonWeights), each
     rank recording its process id (RecordRank)."""
     fsdp_folder, diverged_folder = tmp_path_factory.mktemp("fsdp"), tmp_path_factory.mktemp("diverged")
-    fsdp = ("--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.limit_val_batches", "2")
+    fsdp = ("--trainer.accelerator", "cpu", "--trainer.devices", "2")
     fsdp += ("--trainer.strategy", json.dumps(FSDP_STRATEGY))
     sharded = start_launch(corpus, fsdp_folder, *SAME_RUN, *fsdp)
     poison = (f"--trainer.callbacks+={FAULTS}.PoisonWeights", "--trainer.callbacks.step=3")
