@@ -1,5 +1,6 @@
-"""`evaluate.py`: how good is a model? Bits per byte and perplexity on a text, and any task of
-lm-evaluation-harness; printed as a table and written as JSON next to the model."""
+"""`evaluate.py`: how good is a model? A run's own validation bits per byte, bits per byte and
+perplexity on any text, and any task of lm-evaluation-harness; printed as a table and written as
+JSON next to the model."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import yaml
 
 from minigpt.checkpoints import load_model, resolve_checkpoint
 from minigpt.common import UsageError
-from minigpt.data.corpus import BUILTIN_SHAKESPEARE
 from minigpt.evaluation.results import table, write_results
 from minigpt.evaluation.tasks import Score
 from minigpt.evaluation.text import read_documents, score_text
@@ -33,9 +33,9 @@ class EvaluateOptions:
     """A run folder (its best checkpoint), a .ckpt or .safetensors file, or a GPT-2 folder."""
     text: str | None = None
     """Score bits per byte and perplexity on this text: anything data.config.source takes (a .txt,
-    .jsonl, .json or .parquet file, a folder of them, a hub dataset, shakespeare). Default, for a
-    run folder trained on local text or shakespeare and given no --tasks: that text, the part its
-    validation split was cut from (--tail)."""
+    .jsonl, .json or .parquet file, a folder of them, a hub dataset, shakespeare). Without --text
+    and --tasks, a run folder is scored on its own validation windows, from the folder the run was
+    started in: the run's val_loss and val_bpb, exactly as it last validated the checkpoint."""
     subset: str | None = None
     """The hub dataset's named configuration, for --text."""
     split: str = "train"
@@ -43,8 +43,8 @@ class EvaluateOptions:
     text_column: str = "text"
     """The column holding the text in JSON, parquet and hub datasets."""
     tail: float | None = None
-    """Score only the last fraction of the text's characters (0 < tail <= 1; the same text for every
-    tokenizer). Default: 1, or a run's val_fraction where --text defaults to its source."""
+    """Score only the last fraction of the --text's characters (0 < tail <= 1; the same text for
+    every tokenizer). Default: 1."""
     context_length: int | None = None
     """Tokens per window for --text (default: the model's context length)."""
     stride: int | None = None
@@ -91,15 +91,14 @@ class EvaluateOptions:
         return [name.strip() for name in (self.tasks or "").split(",") if name.strip()]
 
 
-def run_text_source(checkpoint: str) -> dict[str, Any] | None:
-    """The data settings of a run folder's last CSV version (config.yaml), or None."""
+def run_settings(checkpoint: str) -> dict[str, Any] | None:
+    """The settings of a run folder's last CSV version (its config.yaml), or None."""
     versions = sorted(
         Path(checkpoint).glob("csv/version_*/config.yaml"), key=lambda p: int(p.parent.name[8:])
     )
     if not Path(checkpoint).is_dir() or not versions:
         return None
-    config = yaml.safe_load(versions[-1].read_text(encoding="utf-8")) or {}
-    return (config.get("data") or {}).get("config")
+    return yaml.safe_load(versions[-1].read_text(encoding="utf-8")) or {}
 
 
 def evaluate_main(args: Sequence[str] | None = None) -> int:
@@ -112,15 +111,12 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if args is None else args)
     try:
         (opts,) = parse_options(parser, argv, EvaluateOptions)
-        text, tail, settings = opts.text, opts.tail, {}
-        subset, text_column = opts.subset, opts.text_column
-        data = run_text_source(opts.checkpoint) if text is None and not opts.tasks else None
-        if data is not None and _is_local(data.get("source")):
-            text, subset = data.get("source"), data.get("subset")
-            text_column = data.get("text_column", text_column)
-            tail = tail if tail is not None else data.get("val_fraction", 0.1)
-        if text is None and not opts.tasks:
-            raise UsageError("nothing to evaluate: pass --text (a file, folder or dataset) and/or --tasks")
+        text, tail, settings = opts.text, opts.tail if opts.tail is not None else 1.0, {}
+        run = run_settings(opts.checkpoint) if text is None and not opts.tasks else None
+        if text is None and not opts.tasks and run is None:
+            raise UsageError(
+                "nothing to evaluate: pass --text (a file, folder or dataset) and/or --tasks, or a run folder"
+            )
         model_file = resolve_checkpoint(opts.checkpoint)
         out = Path(opts.out) if opts.out else _default_out(Path(opts.checkpoint), model_file)
         if out.exists() and not opts.force:
@@ -128,10 +124,22 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
         device = ("cuda" if torch.cuda.is_available() else "cpu") if opts.device == "auto" else opts.device
         model, tokenizer = load_model(model_file, device=device, tokenizer_path=opts.tokenizer_path)
         rows: list[Score] = []
-        if text is not None:
-            documents = read_documents(
-                text, subset, opts.split, text_column, tail if tail is not None else 1.0
+        if run is not None:
+            from minigpt.evaluation.validation import score_run_validation
+
+            validation = score_run_validation(model, tokenizer, run)
+            rows += [
+                Score("validation", "bits_per_byte", validation.bits_per_byte, None, validation.bytes),
+                Score("validation", "loss", validation.loss, None, validation.tokens),
+            ]
+            settings["validation"] = {**asdict(validation), "data": (run.get("data") or {}).get("config")}
+            print(
+                f"validation of {opts.checkpoint}: {validation.windows:,} windows, {validation.tokens:,} "
+                f"{tokenizer.name} tokens, {validation.bytes:,} bytes",
+                file=sys.stderr,
             )
+        if text is not None:
+            documents = read_documents(text, opts.subset, opts.split, opts.text_column, tail)
             score = score_text(model, tokenizer, documents, opts.context_length, opts.stride, opts.batch_size)
             rows += [
                 Score("text", "bits_per_byte", score.bits_per_byte, None, score.bytes),
@@ -139,8 +147,8 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
             ]
             settings["text"] = {
                 "source": text,
-                "subset": subset,
-                "tail": tail if tail is not None else 1.0,
+                "subset": opts.subset,
+                "tail": tail,
                 "context_length": score.context_length,
                 "stride": score.stride,
                 "tokens": score.tokens,
@@ -185,11 +193,6 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
     print(table(rows))
     print(f"written to {out}", file=sys.stderr)
     return 0
-
-
-def _is_local(source: str | None) -> bool:
-    """Whether a run's source is text on this machine (not a hub dataset, which may be huge)."""
-    return source is not None and (source == BUILTIN_SHAKESPEARE or Path(source).expanduser().exists())
 
 
 def _default_out(checkpoint: Path, model_file: Path) -> Path:

@@ -129,9 +129,8 @@ def test_a_mistake_is_one_line_and_exit_2(
     assert not (tmp_path / "out.json").exists()
 
 
-def test_a_run_folder_is_scored_on_the_text_its_validation_split_came_from(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
+def test_a_run_folder_is_scored_on_a_text_given(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # Without --text, on its own validation windows: tests/training/test_evaluate_run.py.
     text = tmp_path / "plays.txt"
     text.write_text(TEXT)
     tokenizer = CharTokenizer.from_texts([TEXT])
@@ -144,7 +143,7 @@ def test_a_run_folder_is_scored_on_the_text_its_validation_split_came_from(
     (run / "csv" / "version_0").mkdir(parents=True)
     config = {"data": {"config": {"source": str(text), "tokenizer": "char", "val_fraction": 0.25}}}
     (run / "csv" / "version_0" / "config.yaml").write_text(yaml.safe_dump(config))
-    assert evaluate_main(["--checkpoint", str(run)]) == 0
+    assert evaluate_main(["--checkpoint", str(run), "--text", str(text), "--tail", "0.25"]) == 0
     assert f"text: {text}, last 25% of it" in capsys.readouterr().err
     settings = json.loads((run / "evaluation.json").read_text())["settings"]["text"]
     assert (settings["tail"], settings["bytes"]) == (0.25, round(len(TEXT) * 0.25))
