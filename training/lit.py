@@ -153,10 +153,21 @@ class LitGPT(L.LightningModule):
         set_logging_step(self.trainer, self.trainer.global_step)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        """The micro-batch's loss, for its backward pass. Logs `train_loss`, the loss of the step's
+        global batch: the mean over its micro-batches (each as many windows) and over the
+        ranks, whatever their number, on the steps whose logs are written; only those reduce it
+        over the ranks, since the reduction makes every rank wait for the others."""
         x, y = batch
         loss = self.loss(x, y)
-        if step_logs_written(attached_trainer(self)):
-            self.log("train_loss", loss)  # StepProgressBar shows it
+        trainer = attached_trainer(self)
+        accumulated = 1 if trainer is None else trainer.accumulate_grad_batches
+        if batch_idx % accumulated == 0:
+            self._step_losses: list[torch.Tensor] = []
+        self._step_losses.append(loss.detach())
+        ends_step = trainer is None or (batch_idx + 1) % accumulated == 0 or trainer.is_last_batch
+        if ends_step and step_logs_written(trainer):
+            # StepProgressBar shows it
+            self.log("train_loss", torch.stack(self._step_losses).mean(), sync_dist=True)
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
