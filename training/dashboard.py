@@ -3,10 +3,8 @@ the end the loss curves and the HTML run report; in the run folder and on the wa
 
 from __future__ import annotations
 
+import copy
 import json
-import multiprocessing
-import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from minigpt.model import GPT, generate
 from minigpt.viz.attention import attention_of, draw_attention, figure_to_png
 from minigpt.viz.report import write_run_report
 
+from .background import Job
 from .config import SampleConfig
 
 ATTENTION_DIR = "attention"
@@ -50,19 +49,64 @@ def whole_model(trainer: L.Trainer, pl_module: L.LightningModule) -> GPT | None:
     return model.to(pl_module.device).eval()
 
 
-class SampleText(L.Callback):
+def on_host(model: GPT) -> GPT:
+    """`model`, or a copy of it in host memory where it lives on an accelerator: what a forked
+    child, which cannot use the accelerator, computes with."""
+    return model if model.lm_head.weight.device.type == "cpu" else copy.deepcopy(model).cpu()
+
+
+class _Shown(L.Callback):
+    """A callback whose work after each validation runs beside the training loop (`background.Job`):
+    one job at a time, collected as soon as it is done, and the last one before training ends."""
+
+    def __init__(self, background: bool) -> None:
+        self.background = background
+        self._job: tuple[Job, int] | None = None
+        """The job under way and the step it shows."""
+
+    def start(self, trainer: L.Trainer, target: Any, *args: Any) -> None:
+        self.collect(trainer)  # the previous one first: they show in order
+        self._job = (Job(target, *args, background=self.background), trainer.global_step)
+        if not self.background:
+            self.collect(trainer)
+
+    def collect(self, trainer: L.Trainer) -> None:
+        if self._job is not None:
+            (job, step), self._job = self._job, None
+            self.show(trainer, step, job.result())
+
+    def show(self, trainer: L.Trainer, step: int, result: Any) -> None:
+        raise NotImplementedError
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        if self._job is not None and self._job[0].done():
+            self.collect(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.collect(trainer)  # before the run report reads what it shows, when the fit ends
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.collect(trainer)
+
+
+class SampleText(_Shown):
     """Generates a sample after every validation: printed, appended to `samples.jsonl` in the run
     folder, and logged to wandb as a table that grows by one row each time.
 
     Generates on rank 0 only, with its own seeded generator, so samples from different steps differ
-    only by what the model learned.
+    only by what the model learned. The tokens are drawn in a forked process on the host while
+    training goes on (`background`), from the weights the validation scored; the sample is printed
+    when it is done, and the run waits for the last one before it ends.
     """
 
-    def __init__(self, sample: SampleConfig = SampleConfig()) -> None:
+    def __init__(self, sample: SampleConfig = SampleConfig(), background: bool = True) -> None:
         """
         Args:
             sample: The prompt, length and sampling settings.
+            background: Generate beside the training loop (where the platform can fork); False:
+                in it, on the training device, before training goes on.
         """
+        super().__init__(background)
         self.sample = sample
         self.rows: list[list[Any]] = []
         """(step, text) of every sample so far."""
@@ -73,45 +117,50 @@ class SampleText(L.Callback):
         model = whole_model(trainer, pl_module)
         if model is None:  # not rank 0
             return
-        cfg = self.sample
-        tokenizer = trainer.datamodule.tokenizer
-        prompt_ids = tokenizer.encode(cfg.prompt) or [tokenizer.eot_id or 0]
-        prompt = torch.tensor([prompt_ids[-model.config.context_length :]], device=pl_module.device)
-        out = generate(
-            model,
-            prompt,
-            cfg.max_new_tokens,
-            **cfg.sampling(),
-            stop_token=tokenizer.eot_id,
-            generator=torch.Generator(device=pl_module.device).manual_seed(cfg.seed),
-        )
-        new = out[0, prompt.shape[1] :].tolist()
-        if tokenizer.eot_id in new:  # the sample ends where the model ended the document
-            new = new[: new.index(tokenizer.eot_id)]
-        text = cfg.prompt + tokenizer.decode(new)
-        pl_module.print(f"\n--- sample at step {trainer.global_step} ---\n{text}\n---")
-        self.rows.append([trainer.global_step, text])
+        tokenizer = trainer.datamodule.tokenizer  # encodes and decodes here: the child only computes
+        prompt = (tokenizer.encode(self.sample.prompt) or [tokenizer.eot_id or 0])[
+            -model.config.context_length :
+        ]
+        model = on_host(model) if self.background else model
+        self.start(trainer, _new_tokens, model, prompt, self.sample, tokenizer.eot_id)
+
+    def show(self, trainer: L.Trainer, step: int, new: list[int]) -> None:
+        text = self.sample.prompt + trainer.datamodule.tokenizer.decode(new)
+        trainer.lightning_module.print(f"\n--- sample at step {step} ---\n{text}\n---")
+        self.rows.append([step, text])
         run_dir = Path(trainer.default_root_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         with open(run_dir / SAMPLES_FILE, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": trainer.global_step, "text": text}) + "\n")
+            f.write(json.dumps({"step": step, "text": text}) + "\n")
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
-                logger.log_text(key="samples", columns=["step", "text"], data=self.rows)
+                logger.log_text(key="samples", columns=["step", "text"], data=self.rows, step=step)
 
 
-class AttentionMaps(L.Callback):
+def _new_tokens(model: GPT, prompt: list[int], cfg: SampleConfig, eot_id: int | None) -> list[int]:
+    """The ids `model` generates after `prompt`, up to the end of the document if it ends one."""
+    device = model.lm_head.weight.device
+    out = generate(
+        model,
+        torch.tensor([prompt], device=device),
+        cfg.max_new_tokens,
+        **cfg.sampling(),
+        stop_token=eot_id,
+        generator=torch.Generator(device=device).manual_seed(cfg.seed),
+    )
+    new = out[0, len(prompt) :].tolist()
+    return new[: new.index(eot_id)] if eot_id in new else new
+
+
+class AttentionMaps(_Shown):
     """Draws the attention of every layer for a fixed prompt after each validation.
 
     The latest maps are kept as `<run>/attention/layer{i}.png` (the run report shows them) and
     logged to wandb as images, so the dashboard shows how the heads change as the model learns.
-    Draws on rank 0 only.
-
-    The weights are computed when validation ends (one forward pass of the prompt); drawing them
-    takes matplotlib seconds, as long as hundreds of training steps of a small model, so by
-    default it happens in a process of its own, forked then, at a lower priority, while training
-    goes on. One drawing runs at a time, in order; the images reach wandb when it is done, and the
-    run waits for the last one before it ends, so the run report shows the final maps.
+    Draws on rank 0 only. The weights are computed when validation ends (one forward pass of the
+    prompt); drawing them takes matplotlib seconds, as long as hundreds of training steps of a
+    small model, so by default it happens in a forked process while training goes on, and the run
+    waits for the last drawing before it ends, so the run report shows the final maps.
     """
 
     def __init__(
@@ -120,13 +169,10 @@ class AttentionMaps(L.Callback):
         """
         Args:
             prompt: The text whose attention is drawn; keep it short (tens of tokens) to stay readable.
-            background: Draw in a forked process while training goes on (where the platform can
-                fork); False: draw before training goes on.
+            background: Draw beside the training loop (where the platform can fork); False: in it.
         """
+        super().__init__(background)
         self.prompt = prompt
-        self.background = background
-        self._drawing: tuple[Any, int, list[Path]] | None = None
-        """The drawing under way: its process, the step it shows and the files it writes."""
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -137,70 +183,23 @@ class AttentionMaps(L.Callback):
         weights, labels = attention_of(model, trainer.datamodule.tokenizer, self.prompt)
         folder = Path(trainer.default_root_dir) / ATTENTION_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        paths = [folder / f"layer{layer}.png" for layer in weights]
-        self._finish(trainer)  # the previous drawing, so that the files are written in order
-        job = (weights, labels, self.prompt, str(folder))
-        context = _fork_context() if self.background else None
-        if context is None:
-            _draw_pngs(*job)
-            self._log(trainer, trainer.global_step, paths)
-            return
-        with warnings.catch_warnings():  # Python 3.12+ warns of forking a threaded process: the
-            # child only draws with matplotlib and writes files, and takes no lock the threads hold
-            warnings.filterwarnings("ignore", message=".*fork.*", category=DeprecationWarning)
-            process = context.Process(target=_draw_pngs, args=job, kwargs={"niceness": 10}, daemon=True)
-            process.start()
-        self._drawing = (process, trainer.global_step, paths)
+        self.start(trainer, _draw_pngs, weights, labels, self.prompt, folder)
 
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if self._drawing is not None and not self._drawing[0].is_alive():
-            self._finish(trainer)
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._finish(trainer)  # before RunReport reads the maps, when the fit ends
-
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._finish(trainer)
-
-    def _finish(self, trainer: L.Trainer) -> None:
-        """Wait for the drawing under way, if any, and log its images."""
-        if self._drawing is None:
-            return
-        (process, step, paths), self._drawing = self._drawing, None
-        process.join()
-        if process.exitcode != 0:
-            raise RuntimeError(
-                f"drawing the attention maps of step {step} failed (exit code {process.exitcode})"
-            )
-        self._log(trainer, step, paths)
-
-    @staticmethod
-    def _log(trainer: L.Trainer, step: int, paths: list[Path]) -> None:
+    def show(self, trainer: L.Trainer, step: int, paths: list[Path]) -> None:
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 captions = [f"{p.stem} at step {step}" for p in paths]
                 logger.log_image(key="attention", images=[str(p) for p in paths], caption=captions, step=step)
 
 
-def _fork_context() -> Any:
-    """multiprocessing's fork context, where the platform has it (not Windows; macOS forks
-    matplotlib safely with the Agg canvas, which needs no window server)."""
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return None
-    return multiprocessing.get_context("fork")
-
-
-def _draw_pngs(
-    weights: dict[int, Any], labels: list[str], prompt: str, folder: str, niceness: int = 0
-) -> None:
-    """Draw the layers' grids and write them to `folder` as `layer{i}.png`, each atomically."""
-    if niceness:
-        os.nice(niceness)  # training, in the parent, goes first
+def _draw_pngs(weights: dict[int, Any], labels: list[str], prompt: str, folder: Path) -> list[Path]:
+    """Draw the layers' grids into `folder` as `layer{i}.png`, each written atomically."""
+    paths = []
     for name, figure in draw_attention(weights, labels, prompt).items():
-        with atomic_write(Path(folder) / f"{name}.png") as tmp:
+        paths.append(folder / f"{name}.png")
+        with atomic_write(paths[-1]) as tmp:
             tmp.write_bytes(figure_to_png(figure))
+    return paths
 
 
 class RunReport(L.Callback):
