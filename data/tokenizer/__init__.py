@@ -4,15 +4,12 @@ the tokens a corpus uses, a character vocabulary, and a byte-level BPE learned f
 Every tokenizer can describe itself as a JSON-serialisable :meth:`Tokenizer.spec`; the spec is
 stored with prepared data and in checkpoints so :func:`tokenizer_from_spec` rebuilds exactly the
 tokenizer the model was trained with. A new tokenizer is a :class:`BaseTokenizer` subclass
-decorated with :func:`register_tokenizer` (see :mod:`.base`).
+decorated with :func:`register_tokenizer` (see :mod:`.base` and :mod:`.registry`).
 """
 
-from .base import (
+from .base import BaseTokenizer, IdMap, Tokenizer, available_cores
+from .registry import (
     TOKENIZERS,
-    BaseTokenizer,
-    IdMap,
-    Tokenizer,
-    available_cores,
     build_tokenizer,
     register_tokenizer,
     spec_from_hf_tokenizer_json,

@@ -12,8 +12,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from ..errors import DataError
-from .base import BaseTokenizer, Tokenizer, register_tokenizer, require_texts
+from .base import BaseTokenizer, Tokenizer, require_texts
 from .hf_json import byte_to_char, encode_with
+from .registry import register_tokenizer
 
 logger = logging.getLogger(__name__)
 

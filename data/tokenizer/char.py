@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
-from .base import BaseTokenizer, IdMap, Tokenizer, register_tokenizer, require_texts
+from .base import BaseTokenizer, IdMap, Tokenizer, require_texts
 from .hf_json import char_tokenizer_json, chars_of_tokenizer_json
+from .registry import register_tokenizer
 
 _CODE_POINTS = 0x110000
 

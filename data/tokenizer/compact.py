@@ -9,14 +9,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
-import tiktoken
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..errors import DataError
 from ..gpt2_encoding import ENDOFTEXT, ENDOFTEXT_ID, N_VOCAB
-from .base import BaseTokenizer, IdMap, Tokenizer, register_tokenizer, require_texts
+from .base import BaseTokenizer, IdMap, Tokenizer, require_texts
+from .compact_vocab import byte_token_ids, corpus_vocabulary, gpt2_ranks, gpt2_token_arrays
 from .gpt2 import GPT2_SPEC, GPT2Tokenizer
-from .hf_json import byte_level_bpe_json, byte_level_vocabulary, encode_with, merge_of
+from .hf_json import byte_level_bpe_json, byte_level_vocabulary, encode_with, merge_of, merge_pairs
+from .registry import register_tokenizer
 
 CLOSED = "closed"
 """``spec()["merges"]`` of the current version: the vocabulary is closed under GPT-2's merges, and
@@ -83,7 +84,7 @@ class CompactGPT2Tokenizer(BaseTokenizer):
         # GPT-2 id -> compact id; n_vocab marks GPT-2 tokens outside the vocabulary.
         self._compact_by_gpt2 = np.full(N_VOCAB, self.n_vocab, dtype=np.uint32)
         self._compact_by_gpt2[ids] = np.arange(self.n_vocab, dtype=np.uint32)
-        self._byte_ids = self._compact_by_gpt2[_byte_token_ids(self._encoding)]
+        self._byte_ids = self._compact_by_gpt2[byte_token_ids(self._encoding)]
         if np.any(self._byte_ids == self.n_vocab) or self._compact_by_gpt2[ENDOFTEXT_ID] == self.n_vocab:
             raise DataError(
                 "a gpt2-compact vocabulary must hold the 256 single-byte tokens and <|endoftext|>"
@@ -99,7 +100,7 @@ class CompactGPT2Tokenizer(BaseTokenizer):
         Raises:
             DataError: A token's merge needs a token outside the vocabulary.
         """
-        ranks = _ranks(self._gpt2)
+        ranks = gpt2_ranks(self._gpt2)
         tokens = [self._encoding.decode_single_token_bytes(int(i)) for i in self.gpt2_ids[:-1]]
         merges = []
         for token in tokens:
@@ -125,14 +126,7 @@ class CompactGPT2Tokenizer(BaseTokenizer):
     ) -> CompactGPT2Tokenizer:
         """Vocabulary of the GPT-2 ids in ``token_arrays`` (a tokenized corpus), plus the bytes and
         ``<|endoftext|>``, and (``closed``, the current version) the tokens merged on the way."""
-        used = np.zeros(N_VOCAB, dtype=bool)
-        used[_byte_token_ids(gpt2._encoding)] = True
-        used[ENDOFTEXT_ID] = True
-        for tokens in token_arrays:
-            used[tokens] = True
-        if closed:
-            used = _closed_under_merges(used, gpt2)
-        return cls(np.flatnonzero(used), gpt2, closed=closed)
+        return cls(corpus_vocabulary(token_arrays, gpt2, closed=closed), gpt2, closed=closed)
 
     @classmethod
     def from_texts(
@@ -140,17 +134,7 @@ class CompactGPT2Tokenizer(BaseTokenizer):
     ) -> CompactGPT2Tokenizer:
         """Vocabulary of the GPT-2 tokens of ``texts``, plus the bytes and ``<|endoftext|>``, and
         (``closed``, the current version) the tokens merged on the way."""
-        batch: list[str] = []
-
-        def token_arrays() -> Iterable[np.ndarray]:
-            for text in texts:
-                batch.append(text)
-                if len(batch) == batch_size:
-                    yield from gpt2.encode_to_arrays(batch)
-                    batch.clear()
-            yield from gpt2.encode_to_arrays(batch)
-
-        return cls.from_gpt2_tokens(token_arrays(), gpt2, closed=closed)
+        return cls.from_gpt2_tokens(gpt2_token_arrays(texts, gpt2, batch_size), gpt2, closed=closed)
 
     @classmethod
     def build(
@@ -261,7 +245,7 @@ class CompactGPT2Tokenizer(BaseTokenizer):
         if special.get(ENDOFTEXT, n_vocab) >= n_vocab:
             return None
         gpt2 = GPT2Tokenizer(path=tokenizer_path)
-        ranks = _ranks(gpt2)
+        ranks = gpt2_ranks(gpt2)
         if any(token not in ranks for token in tokens.values()):
             return None
         if len(tokens) + len(special) == n_vocab == len(tokens) + 1:  # the current version's file
@@ -270,7 +254,7 @@ class CompactGPT2Tokenizer(BaseTokenizer):
             except DataError:  # not closed under GPT-2's merges
                 return None
             written, theirs = json.loads(ours.hf_tokenizer_json())["model"], hf_json["model"]
-            same = written["vocab"] == theirs.get("vocab") and _pairs(written["merges"]) == _pairs(
+            same = written["vocab"] == theirs.get("vocab") and merge_pairs(written["merges"]) == merge_pairs(
                 theirs.get("merges")
             )
             return ours.spec() if same else None
@@ -310,37 +294,3 @@ class CompactGPT2Tokenizer(BaseTokenizer):
             "gpt2_ids": base64.b64encode(packed).decode("ascii"),
         }
         return (spec | {"merges": CLOSED}) if self.closed else spec
-
-
-def _byte_token_ids(encoding: tiktoken.Encoding) -> np.ndarray:
-    """``(256,)`` GPT-2 id of the single-byte token of each byte value."""
-    return np.array([encoding.encode_single_token(bytes([b])) for b in range(256)], dtype=np.int64)
-
-
-def _ranks(gpt2: GPT2Tokenizer) -> dict[bytes, int]:
-    """Token bytes -> GPT-2 id (its merge rank), for every ordinary GPT-2 token."""
-    return {token: i for i, token in enumerate(gpt2.token_bytes())}
-
-
-def _closed_under_merges(used: np.ndarray, gpt2: GPT2Tokenizer) -> np.ndarray:
-    """``used`` (a mask over GPT-2 ids) with, for each of its tokens, the two tokens GPT-2 merges
-    into it, and so on down to single bytes."""
-    tokens, ranks = gpt2.token_bytes(), _ranks(gpt2)
-    closed = used.copy()
-    todo = [int(i) for i in np.flatnonzero(used) if i != ENDOFTEXT_ID]
-    while todo:
-        token = tokens[todo.pop()]
-        if len(token) < 2:
-            continue
-        for part in merge_of(token, ranks):
-            if not closed[ranks[part]]:
-                closed[ranks[part]] = True
-                todo.append(ranks[part])
-    return closed
-
-
-def _pairs(merges: Any) -> list[tuple[str, ...]] | None:
-    """A ``tokenizer.json``'s merges as pairs, whether written as ``"a b"`` or ``["a", "b"]``."""
-    if not isinstance(merges, list):
-        return None
-    return [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges]

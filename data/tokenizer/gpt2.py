@@ -12,7 +12,8 @@ import tiktoken
 
 from ..errors import DataError
 from ..gpt2_encoding import N_VOCAB, R50K_SHA256, load_gpt2_encoding
-from .base import BaseTokenizer, available_cores, register_tokenizer
+from .base import BaseTokenizer, available_cores
+from .registry import register_tokenizer
 
 GPT2_SPEC: dict[str, Any] = {
     "name": "gpt2",

@@ -123,6 +123,13 @@ def byte_level_vocabulary(hf_json: dict[str, Any]) -> tuple[dict[int, bytes], di
     return tokens, special
 
 
+def merge_pairs(merges: Any) -> list[tuple[str, ...]] | None:
+    """A ``tokenizer.json``'s merges as pairs, whether written as ``"a b"`` or ``["a", "b"]``."""
+    if not isinstance(merges, list):
+        return None
+    return [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges]
+
+
 def byte_level_bpe_json(
     tokens: Sequence[bytes],
     ids: Sequence[int],
