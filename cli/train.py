@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import warnings
@@ -308,11 +309,17 @@ def check_output_dir(out_dir: Path, ckpt_path: str | None) -> None:
 def train_main(args: Sequence[str] | None = None) -> int:
     """Parse the command line, then fit. Returns the process exit code."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_NoAdvertising())
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
+        logging.getLogger(name).addFilter(_SaidElsewhere())
     # Two warnings every run would print from inside Lightning, about nothing the user can change:
     # its model summary cannot size bf16 weights, and its pytree helper uses an API torch deprecated.
     warnings.filterwarnings("ignore", message="Precision bf16-mixed is not supported by the model summary")
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # Logs are written every log_every_n_steps steps counted over the whole run, not per epoch:
+    # an epoch shorter than that (tiny data) loses none, whatever this warning says.
+    warnings.filterwarnings(
+        "ignore", message=r"The number of training batches \(\d+\) is smaller than the logging interval"
+    )
     # The config dataclasses document each field in a docstring under it; show those in --help.
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
     argv = list(sys.argv[1:] if args is None else args)
@@ -380,8 +387,14 @@ def _stopped_at_once(trainer: L.Trainer) -> int | None:
     return 128 + stopper.received
 
 
-class _NoAdvertising(logging.Filter):
-    """Drops Lightning's suggestion to install its hosted logger, printed at every start."""
+class _SaidElsewhere(logging.Filter):
+    """Drops Lightning's lines about the devices and the precision, which the run's summary
+    states (RunSummary), and its suggestion to install its hosted logger, at every start."""
+
+    UNSAID = re.compile(
+        r"(GPU|TPU|HPU) available: |Using (16bit|bfloat16) Automatic Mixed Precision \(AMP\)$"
+        r"|LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES: |.*litlogger"
+    )
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "litlogger" not in record.getMessage()
+        return self.UNSAID.match(record.getMessage()) is None

@@ -215,7 +215,11 @@ class StopOnNonFinite(L.Callback):
         unread, self._unread = self._unread, []
         values = torch.stack([value.detach().float().reshape(()) for _, _, value in unread])  # (n,)
         if trainer.world_size > 1:  # every rank stops together, naming the value that went bad
-            values = trainer.strategy.all_gather(values).reshape(trainer.world_size, -1)  # (ranks, n)
+            # torch.distributed's own collective: the strategy's all_gather goes through
+            # torch.distributed.nn.functional.all_gather, which torch deprecates.
+            gathered = [torch.empty_like(values) for _ in range(trainer.world_size)]
+            torch.distributed.all_gather(gathered, values)
+            values = torch.stack(gathered)  # (ranks, n)
         else:
             values = values.reshape(1, -1)
         finite = torch.isfinite(values).cpu()

@@ -17,7 +17,7 @@ from minigpt.model import GPTConfig, MultiHeadAttention
 from minigpt.model.gpt import parameter_count
 
 from .flops import training_flops_per_token
-from .loggers import step_logs_written
+from .loggers import WandbLogger, step_logs_written
 from .muon import NS_COEFFICIENTS, ns_schedule
 from .precision import cpu_description
 from .throughput import tokens_per_step
@@ -132,8 +132,9 @@ class RunSummary(L.Callback):
     """Prints what the run is about to do before its first step, and what it did after its last.
 
     Before: the model (shape, parameters), the data (tokens per split), the steps (tokens per
-    step and in all, passes over the training tokens), the compute (FLOPs per token) and where
-    the files go; on a GPU, a tip to compile a recipe with RoPE or QK-norm that runs eager.
+    step and in all, passes over the training tokens), the compute (FLOPs per token, the precision
+    and the device), where the files go and where wandb's run is; on a GPU, a tip to compile a
+    recipe with RoPE or QK-norm that runs eager.
     After: steps, tokens and wall time, the best validation loss with its bits per byte, where
     the best checkpoint and the report are, and what evaluating tasks during training cost
     (`EvaluateTasks`).
@@ -181,6 +182,8 @@ class RunSummary(L.Callback):
             f"{trainer.precision} on {_device(pl_module.device)}{_orthogonalisation(trainer, pl_module)}",
             f"output: {trainer.default_root_dir}",
         ]
+        wandb = [logger.summary_line() for logger in trainer.loggers if isinstance(logger, WandbLogger)]
+        lines += [line for line in wandb if line]
         tip = compile_tip(pl_module.device, config, bool(pl_module.hparams.get("compile", False)))
         log.info("\n".join(lines + ([tip] if tip else [])))
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 from minigpt.common import UsageError
 
@@ -84,6 +85,9 @@ class WandbLogger(LightningWandbLogger):
     answers, and offline into the run folder otherwise (`wandb sync` uploads it later);
     $WANDB_MODE, when set, takes precedence, as in wandb itself (`WANDB_MODE=disabled` turns it
     off). Every other argument is `lightning.pytorch.loggers.WandbLogger`'s and `wandb.init`'s.
+
+    wandb's own banner is left out (`quiet_wandb`): the run's summary says in one line where the
+    run goes (`summary_line`), and wandb's warnings and errors still show.
     """
 
     def __init__(
@@ -122,7 +126,40 @@ class WandbLogger(LightningWandbLogger):
         if self._wandb_dir is not None:
             self._wandb_dir.mkdir(parents=True, exist_ok=True)
             self._wandb_dir = None
+            if rank_zero_only.rank == 0:  # the only rank that starts a wandb run
+                quiet_wandb()
         return super().experiment
+
+    def finalize(self, status: str) -> None:
+        super().finalize(status)
+        if self.mode == "disabled" or rank_zero_only.rank != 0:
+            return
+        import wandb  # imported already: the run started with the fit
+
+        # Finished here, where its settings hold: a run left to finish as Python exits has
+        # wandb's service print its sync advice, in colour codes even in a log file.
+        if wandb.run is not None:
+            wandb.finish(exit_code=0 if status == "success" else 1)
+
+    def summary_line(self) -> str | None:
+        """Where the run's wandb record goes, in one line for the run's summary; None when disabled."""
+        if self.mode == "disabled":
+            return None
+        run = self.experiment
+        if self.mode == "offline":
+            folder = run.settings.sync_dir
+            return f"wandb: offline, in {folder}; `wandb sync {folder}` uploads it"
+        return f"wandb: online, {run.url}"
+
+
+def quiet_wandb() -> None:
+    """Turn wandb's informational lines off in this process, before its run starts: those it
+    prints as a run starts (its version, the sync mode, where the run is) and as it ends (the
+    history, the summary, how to sync). Its warnings and errors still show."""
+    import wandb  # here: importing it costs ~0.5 s, which only a run with this logger pays
+
+    # Settings of the process, not of wandb.init: its console lines follow these alone.
+    wandb.setup(wandb.Settings(show_info=False))
 
 
 class CSVLogger(LightningCSVLogger):

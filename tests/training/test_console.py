@@ -1,0 +1,52 @@
+"""What a run prints, read as a log file: one summary before the first step, the samples at each
+validation and one closing line, with nothing from wandb or Lightning that says nothing."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, tiny_args
+
+MOST_LINES = 40
+"""tiny.yaml for 20 steps prints ~20: the summary, the one sample, the done line (and, once, the
+data's preparation)."""
+
+
+@pytest.mark.slow
+def test_a_run_logged_to_a_file_prints_a_summary_samples_and_one_done_line(
+    corpus: Path, tmp_path: Path
+) -> None:
+    console = tmp_path / "console.txt"
+    env = {**os.environ, "WANDB_MODE": "offline", "NETRC": str(tmp_path / "no-netrc")}
+    for name in ("WANDB_SILENT", "WANDB_QUIET", "WANDB_API_KEY"):
+        env.pop(name, None)
+    args = tiny_args(corpus, tmp_path / "run", "--trainer.max_steps", "20")
+    with console.open("w") as out:
+        result = subprocess.run(
+            [sys.executable, str(REPO / "train.py"), *args],
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=240,
+        )
+    text = console.read_text()
+    assert result.returncode == 0, text[-3000:]
+    assert "\x1b" not in text, "colour codes in a file"
+    lines = text.splitlines()
+    assert not [line for line in lines if re.match(r"(GPU|TPU|HPU) available", line)], text
+    assert "smaller than the logging interval" not in text  # tiny data: an epoch is shorter than it
+    assert "is deprecated" not in text
+    assert len(lines) <= MOST_LINES, text
+    # wandb says once where the run is, and how to upload it, in the summary.
+    (sync_dir,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
+    said = [line for line in lines if "wandb" in line]
+    assert said == [f"wandb: offline, in {sync_dir}; `wandb sync {sync_dir}` uploads it"], text
+    assert lines.index(said[0]) < lines.index("--- sample at step 20 ---")
+    assert len([line for line in lines if line.startswith("done: ")]) == 1
