@@ -18,8 +18,9 @@ T0 = "MINIGPT_T0"
 
 
 class Timeline(L.Callback):
-    """Writes `{"event", "step", "s", ...}` lines to `path` (rank 0): the first training step's
-    end, every validation's end with its figures, and the end of training."""
+    """Writes `{"event", "step", "s", ...}` lines to `path` (rank 0): the start of training, the
+    first step's end, every validation's start and end (with its figures, once the callbacks
+    listed before this one have done their part), and the end of training."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
@@ -38,6 +39,13 @@ class Timeline(L.Callback):
         }
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write(trainer, "train_start")
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._write(trainer, "validation_start")
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         if self._first:
