@@ -11,9 +11,10 @@ context 64, batches of 12, 2,000 steps on tiny Shakespeare, a validation every 5
     python benchmarks/run_overhead.py --repeat 2 --config small.yaml --text ""   # another run
 
 Settings after `--` go to train.py as they are. Runs start from the repository root, so the
-prepared data is cached (data_cache/) after the first; `--repeat 2` shows both. The steps' time is the training loop's time, from
-its start to its end, less each validation and what runs when it ends (samples, attention maps,
-checkpoints): data loading, forward, backward, the optimizer and the loop's own bookkeeping.
+prepared data is cached (data_cache/) after the first; `--repeat 2` shows both. The steps' time is
+the training loop's time, from its start to its end, less each validation and what runs when it
+ends (samples, attention maps, checkpoints): data loading, forward, backward, the optimizer and
+the loop's own bookkeeping.
 """
 
 from __future__ import annotations
