@@ -12,9 +12,10 @@ context 64, batches of 12, 2,000 steps on tiny Shakespeare, a validation every 5
 
 Settings after `--` go to train.py as they are. Runs start from the repository root, so the
 prepared data is cached (data_cache/) after the first; `--repeat 2` shows both. The steps' time is
-the training loop's time, from its start to its end, less each validation and what runs when it
-ends (samples, attention maps, checkpoints): data loading, forward, backward, the optimizer and
-the loop's own bookkeeping.
+the time from the end of one step to the end of the next, summed, less the validations between
+them and what runs when each ends (samples, attention maps, checkpoints): data loading, forward,
+backward, the optimizer and the loop's own bookkeeping. "Ending" is what follows the last step
+and its validation: waiting for the last sample and maps, the report, closing the loggers.
 """
 
 from __future__ import annotations
@@ -55,14 +56,14 @@ def one_run(configs: list[str], text: str, extra: list[str], folder: Path) -> di
     starts = [e["s"] for e in lines if e["event"] == "validation_start"]
     ends = [e["s"] for e in lines if e["event"] == "validation"]
     validating = sum(end - begin for begin, end in zip(starts, ends, strict=True))
-    steps = at["train_end"] - at["train_start"] - validating
+    steps = next(e["steps_s"] for e in lines if e["event"] == "train_end")
     return {
         "total": total,
         "starting": at["train_start"],
         "steps": steps,
         "validations": len(ends),
         "validating": validating,
-        "ending": total - at["train_end"],
+        "ending": total - at["train_start"] - steps - validating,
     }
 
 

@@ -6,9 +6,10 @@ projection) and adds what a real model needs: a path through PyTorch's fused sca
 attention (SDPA), and continuing a sequence held in a `KVCache`.
 
 Which path runs is the `attention` setting. "auto" takes SDPA on GPUs, where its flash kernels
-save time and memory, and the textbook computation on CPU, where PyTorch's flash kernel makes a
-bf16 training step slower (measured in benchmarks/RESULTS.md). Decoding one token at a time on
-CPU takes SDPA: one call instead of five small ones.
+save time and memory, and the textbook computation for a training step on CPU, where PyTorch's
+flash kernel makes a bf16 step slower (measured in benchmarks/RESULTS.md). Without gradients
+(validation, generation) a CPU takes SDPA too: one call where the textbook takes five, never
+slower and up to ~2x faster (docs/results/validation.md).
 
 QK-norm and the rotation by position run through the fast paths of `fast.py` (`rms_normalise`,
 `normalise_and_rotate`), each beside its eager reference. The causal mask is one tensor per context
@@ -149,8 +150,8 @@ class MultiHeadAttention(nn.Module):
     def _use_sdpa(self, x: torch.Tensor) -> bool:
         if self.attention != "auto":
             return self.attention == "sdpa"
-        # On CPU, one new token at a time (decoding) is the case where SDPA's single call wins.
-        return x.device.type != "cpu" or x.shape[1] == 1
+        # On CPU SDPA's single call wins wherever no backward pass follows it, and for one token.
+        return x.device.type != "cpu" or not torch.is_grad_enabled() or x.shape[1] == 1
 
     def _explicit_attention(
         self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int

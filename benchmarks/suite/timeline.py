@@ -26,6 +26,11 @@ class Timeline(L.Callback):
         self.path = Path(path)
         self.start = float(os.environ.get(T0) or time.time())
         self._first = True
+        self._last: float | None = None
+        """When the last step (or the start of training) ended, on the perf_counter clock."""
+        self.steps_s = 0.0
+        """Seconds spent in training steps: from the end of one to the end of the next, less any
+        validation between them."""
 
     def _write(self, trainer: L.Trainer, event: str, **figures: Any) -> None:
         if not trainer.is_global_zero:
@@ -42,12 +47,18 @@ class Timeline(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write(trainer, "train_start")
+        self._last = time.perf_counter()
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.sanity_checking:
             self._write(trainer, "validation_start")
+            if self._last is not None:  # the part of the next step's interval before validating
+                self.steps_s += time.perf_counter() - self._last
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        now = time.perf_counter()
+        self.steps_s += now - self._last
+        self._last = now
         if self._first:
             self._first = False
             self._write(trainer, "first_step")
@@ -58,6 +69,7 @@ class Timeline(L.Callback):
         metrics = trainer.callback_metrics
         figures = {name: float(metrics[name]) for name in ("val_loss", "val_bpb") if name in metrics}
         self._write(trainer, "validation", **figures)
+        self._last = time.perf_counter()  # the rest of the interval starts now
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._write(trainer, "train_end")
+        self._write(trainer, "train_end", steps_s=round(self.steps_s, 3))

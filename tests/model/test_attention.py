@@ -85,7 +85,7 @@ def test_stacked_projection_trains_the_three_layers_as_if_apart() -> None:
         assert_close(mha(x), naive_attention(mha, x))
 
 
-def test_auto_takes_the_explicit_path_on_cpu_except_for_one_token(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_takes_the_explicit_path_on_cpu_for_training_only(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(
@@ -98,6 +98,9 @@ def test_auto_takes_the_explicit_path_on_cpu_except_for_one_token(monkeypatch: p
     assert calls == [1]
     MultiHeadAttention(8, 8, 6, 0.0, num_heads=2)(x[:, :1])  # a decoding step
     assert calls == [1, 1]
+    with torch.no_grad():  # validation, generation: no backward pass to slow down
+        MultiHeadAttention(8, 8, 6, 0.0, num_heads=2)(x)
+    assert calls == [1, 1, 1]
     with pytest.raises(ValueError, match="attention must be one of auto, sdpa, explicit"):
         MultiHeadAttention(8, 8, 6, 0.0, num_heads=2, attention="flash")
 
