@@ -4,10 +4,11 @@ against the time of its training steps alone, and where the rest goes (starting,
 what follows them, ending).
 
 By default the run is nanoGPT's README "baby GPT" through char.yaml: 4 layers x 4 heads x 128 wide,
-context 64, batches of 12, 2,000 steps on tiny Shakespeare, a validation every 500 steps:
+context 64, batches of 12, 2,000 steps on tiny Shakespeare, a validation every 500 steps on
+nanoGPT's budget for that command (`--eval_iters=20`: 20 batches, 15,360 tokens):
 
     python benchmarks/run_overhead.py --text tinyshakespeare.txt
-    python benchmarks/run_overhead.py --text tinyshakespeare.txt -- --data.config.val_tokens 15360
+    python benchmarks/run_overhead.py --text tinyshakespeare.txt -- --data.config.val_tokens 131072  # char.yaml's
     python benchmarks/run_overhead.py --repeat 2 --config small.yaml --text ""   # another run
 
 Settings after `--` go to train.py as they are. Runs start from the repository root, so the
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 BABY = ["--config", "char.yaml", "--config", str(BENCHMARKS / "baby.yaml")]
 BABY += ["--trainer.max_steps", "2000", "--trainer.val_check_interval", "500"]
+BABY += ["--data.config.val_tokens", "15360"]  # nanoGPT's eval_iters=20: 20 batches of 12 x 64
 
 
 def one_run(configs: list[str], text: str, extra: list[str], folder: Path) -> dict[str, float]:

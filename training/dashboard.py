@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -57,29 +58,32 @@ def on_host(model: GPT) -> GPT:
 
 class _Shown(L.Callback):
     """A callback whose work after each validation runs beside the training loop (`background.Job`):
-    one job at a time, collected as soon as it is done, and the last one before training ends."""
+    one validation's at a time, in one job or several working in parallel, collected as soon as it
+    is done, and the last before training ends."""
 
     def __init__(self, background: bool) -> None:
         self.background = background
-        self._job: tuple[Job, int] | None = None
-        """The job under way and the step it shows."""
+        self._jobs: tuple[list[Job], int] | None = None
+        """The jobs under way and the step they show."""
 
-    def start(self, trainer: L.Trainer, target: Any, *args: Any) -> None:
-        self.collect(trainer)  # the previous one first: they show in order
-        self._job = (Job(target, *args, background=self.background), trainer.global_step)
+    def start(self, trainer: L.Trainer, target: Any, *parts: tuple[Any, ...]) -> None:
+        """`target(*part)` for each part, each in a job of its own; `show` gets their results."""
+        self.collect(trainer)  # the previous validation's first: they show in order
+        jobs = [Job(target, *part, background=self.background) for part in parts]
+        self._jobs = (jobs, trainer.global_step)
         if not self.background:
             self.collect(trainer)
 
     def collect(self, trainer: L.Trainer) -> None:
-        if self._job is not None:
-            (job, step), self._job = self._job, None
-            self.show(trainer, step, job.result())
+        if self._jobs is not None:
+            (jobs, step), self._jobs = self._jobs, None
+            self.show(trainer, step, [job.result() for job in jobs])
 
-    def show(self, trainer: L.Trainer, step: int, result: Any) -> None:
+    def show(self, trainer: L.Trainer, step: int, results: list[Any]) -> None:
         raise NotImplementedError
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        if self._job is not None and self._job[0].done():
+        if self._jobs is not None and all(job.done() for job in self._jobs[0]):
             self.collect(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -122,9 +126,10 @@ class SampleText(_Shown):
             -model.config.context_length :
         ]
         model = on_host(model) if self.background else model
-        self.start(trainer, _new_tokens, model, prompt, self.sample, tokenizer.eot_id)
+        self.start(trainer, _new_tokens, (model, prompt, self.sample, tokenizer.eot_id))
 
-    def show(self, trainer: L.Trainer, step: int, new: list[int]) -> None:
+    def show(self, trainer: L.Trainer, step: int, results: list[list[int]]) -> None:
+        (new,) = results
         text = self.sample.prompt + trainer.datamodule.tokenizer.decode(new)
         trainer.lightning_module.print(f"\n--- sample at step {step} ---\n{text}\n---")
         self.rows.append([step, text])
@@ -183,9 +188,16 @@ class AttentionMaps(_Shown):
         weights, labels = attention_of(model, trainer.datamodule.tokenizer, self.prompt)
         folder = Path(trainer.default_root_dir) / ATTENTION_DIR
         folder.mkdir(parents=True, exist_ok=True)
-        self.start(trainer, _draw_pngs, weights, labels, self.prompt, folder)
+        # The layers shared among as many jobs as there are cores: matplotlib draws on one core,
+        # and after the last validation the run waits for the drawing.
+        jobs = min(len(weights), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+        shares = [list(weights)[i::jobs] for i in range(jobs)]
+        self.start(
+            trainer, _draw_pngs, *(({n: weights[n] for n in s}, labels, self.prompt, folder) for s in shares)
+        )
 
-    def show(self, trainer: L.Trainer, step: int, paths: list[Path]) -> None:
+    def show(self, trainer: L.Trainer, step: int, results: list[list[Path]]) -> None:
+        paths = sorted((p for part in results for p in part), key=lambda p: int(p.stem.removeprefix("layer")))
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 captions = [f"{p.stem} at step {step}" for p in paths]
