@@ -8,7 +8,7 @@ context 64, batches of 12, 2,000 steps on tiny Shakespeare, a validation every 5
 nanoGPT's budget for that command (`--eval_iters=20`: 20 batches, 15,360 tokens):
 
     python benchmarks/run_overhead.py --text tinyshakespeare.txt
-    python benchmarks/run_overhead.py --text tinyshakespeare.txt -- --data.config.val_tokens 131072  # char.yaml's
+    python benchmarks/run_overhead.py --text tinyshakespeare.txt -- --data.config.val_tokens 131072
     python benchmarks/run_overhead.py --repeat 2 --config small.yaml --text ""   # another run
 
 Settings after `--` go to train.py as they are. Runs start from the repository root, so the
