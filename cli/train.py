@@ -3,273 +3,30 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import signal
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import lightning as L
-from jsonargparse import Namespace, set_parsing_settings
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from jsonargparse import set_parsing_settings
+from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from minigpt.checkpoints import CheckpointError, check_readable
-from minigpt.checkpoints.pretrained import open_pretrained, pretrained_config
 from minigpt.checkpoints.sharded import is_sharded_checkpoint
 from minigpt.common import UsageError
 from minigpt.data import TextDataModule
-from minigpt.model import GPTConfig
-from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.callbacks import DivergenceError, SaveAndStopOnSignal
-from minigpt.training.global_batch import apply_tokens_per_step, planned_accumulation
-from minigpt.training.lightning_internals import help_showing
 from minigpt.training.lit import LitGPT
-from minigpt.training.precision import resolve_precision
 
 from .common import USER_ERRORS, report, resolve_config_args
+from .train_cli import MiniGPTCLI, TrainParser, help_topic
 
-DEFAULT_RUN_DIR = "runs/default"
-_UNSET_CONTEXT = 987_654_321
-
-LIGHTNING_HELP = "trainer"
-"""The topic of `--help trainer`: Lightning's own settings, which plain `--help` leaves out."""
-LIGHTNING_KEYS = ("trainer", "optimizer", "lr_scheduler")
-"""Lightning's settings: ~700 lines of `--help` and most of `--print_config`, so they come last."""
-
-
-class TrainParser(LightningArgumentParser):
-    """LightningCLI's parser, whose `--help` shows our settings (the model, its optimisation, the
-    data, the run) and leaves Lightning's to `--help trainer`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("prog", "train.py")
-        kwargs.setdefault("usage", "%(prog)s --config FILE [--config FILE ...] [--section.key VALUE ...]")
-        kwargs.setdefault(
-            "description",
-            "Train a GPT. Settings come from --config files (a name in configs/, or a path), laid over "
-            "each other in order, then from --section.key overrides; --print_config shows them all. "
-            "Lightning's Trainer settings (--trainer.max_steps, --trainer.precision, loggers, "
-            f"callbacks, ...) are left out here: see them with `%(prog)s --help {LIGHTNING_HELP}`.",
-        )
-        super().__init__(*args, **kwargs)
-        self.help_topic: str | None = None
-
-    def format_help(self, *args: Any, **kwargs: Any) -> str:
-        lightning = self.help_topic == LIGHTNING_HELP
-        description = self.description
-        if lightning:
-            self.description = (
-                "Lightning's settings for train.py: the Trainer's (--trainer.*) and LightningCLI's "
-                "--optimizer and --lr_scheduler. `%(prog)s --help` shows the model's, the data's "
-                "and the run's."
-            )
-        try:
-            # Neither argparse nor jsonargparse can leave a group out of the help: see help_showing.
-            with help_showing(self, lambda action: is_lightnings(action.dest) == lightning):
-                return super().format_help(*args, **kwargs)
-        finally:
-            self.description = description
-
-
-def is_lightnings(key: str) -> bool:
-    """Whether a setting (`trainer.max_steps`, `optimizer`, ...) is Lightning's rather than ours."""
-    return key.split(".", 1)[0] in LIGHTNING_KEYS
-
-
-def help_topic(args: list[str]) -> tuple[list[str], str | None]:
-    """`--help trainer` (or `--help=trainer`) as `--help` and its topic; other arguments as they are."""
-    # jsonargparse's --help takes no topic.
-    for i, arg in enumerate(args):
-        if arg in ("-h", "--help") and args[i + 1 : i + 2] == [LIGHTNING_HELP]:
-            return args[: i + 1] + args[i + 2 :], LIGHTNING_HELP
-        if arg == f"--help={LIGHTNING_HELP}":
-            return [*args[:i], "--help", *args[i + 1 :]], LIGHTNING_HELP
-    return args, None
-
-
-def ours_first(config: Namespace) -> Namespace:
-    """`config` with the model, the data and the run's settings before Lightning's, as
-    `--print_config` shows them (the trainer's loggers and callbacks alone run to ~140 lines)."""
-    items = vars(config)
-    order = sorted(items, key=lambda key: (is_lightnings(key), key not in ("model", "data")))
-    return Namespace(**{key: items[key] for key in order})
-
-
-class MiniGPTCLI(LightningCLI):
-    """LightningCLI with resuming, the allocator setting, and run-folder defaults for paths."""
-
-    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_argument(
-            "--ckpt_path",
-            type=str | None,
-            default=None,
-            help="Resume from this checkpoint; 'last' picks the run's latest.",
-        )
-        parser.add_argument(
-            "--keep_freed_memory",
-            type=bool,
-            default=True,
-            help="Let malloc reuse freed memory instead of page-faulting it in every step (glibc; faster).",
-        )
-        parser.add_argument(
-            "--tokens_per_step",
-            type=int | None,
-            default=None,
-            help="The global batch: tokens per optimizer step over every process. accumulate_grad_batches "
-            "follows from it, the micro-batch (data.config.batch_size x context) and the number of "
-            "processes, so the optimisation is the same on any number of devices. null: as the trainer says.",
-        )
-        parser.link_arguments("model.gpt.context_length", "data.context_length")
-        # A default of the parser, not a fallback in code, so --print_config shows the run folder.
-        parser.set_defaults({"trainer.default_root_dir": DEFAULT_RUN_DIR})
-
-    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        # A fine-tune takes its shape from the weights, and jsonargparse's --print_config prints
-        # before that, in the parser's order (Lightning's first): it is answered here, after.
-        print_config = "--print_config" in args
-        args, topic = help_topic([arg for arg in args if arg != "--print_config"])
-        if isinstance(parser, TrainParser):
-            parser.help_topic = topic
-        self._args = args
-        super().parse_arguments(parser, self._args)
-        if self.config.model.get("init_from"):
-            use_pretrained_shape(self.config, self.given_gpt_settings())
-        if print_config:
-            print(parser.dump(ours_first(self.config), skip_none=False), end="")
-            if self.config.get("tokens_per_step") is not None:
-                print("# " + self.planned_accumulation())
-            sys.exit(0)
-
-    def planned_accumulation(self) -> str:
-        config = self.config
-        return planned_accumulation(
-            config.tokens_per_step,
-            config.data.config.batch_size,
-            config.data.context_length,
-            config.trainer.get("devices"),
-            config.trainer.get("num_nodes") or 1,
-        )
-
-    def given_gpt_settings(self) -> set[str]:
-        """The `model.gpt` settings the config files and command line set (not defaults).
-
-        Parsed again without defaults. The link to data.context_length needs its source, so a
-        placeholder goes first, where any config file or later option overrides it.
-        """
-        # jsonargparse keeps no record of where a value came from: parsing without defaults is its
-        # only way to tell a given setting from a default.
-        unset = str(_UNSET_CONTEXT)
-        args = [f"--model.gpt.context_length={unset}", *self._args]
-        given = self.parser.parse_args(args, defaults=False).get("model.gpt")
-        names = set(given.keys()) if isinstance(given, Namespace) else set()
-        if given is not None and given.get("context_length") == _UNSET_CONTEXT:
-            names.discard("context_length")
-        return names
-
-    def before_instantiate_classes(self) -> None:
-        config = self.config
-        if config.get("keep_freed_memory"):
-            keep_freed_memory()  # before the model and data allocate anything
-        trainer = config.trainer
-        if trainer.get("gradient_clip_val"):
-            raise UsageError(
-                "set gradient clipping with --model.optim.grad_clip, not --trainer.gradient_clip_val"
-            )
-        trainer.precision = resolve_precision(trainer.get("precision"), trainer.get("accelerator"))
-        # null is Lightning's "the working directory", as the Trainer will read it.
-        place_in_run_folder(trainer, Path(trainer.default_root_dir or os.getcwd()))
-        if trainer.get("enable_progress_bar") is False:
-            # Lightning's own switch keeps working: it refuses a progress bar among the callbacks.
-            trainer.callbacks = [
-                c for c in _entries(trainer.get("callbacks")) if "ProgressBar" not in c.class_path
-            ]
-
-    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
-        try:
-            trainer = super().instantiate_trainer(**kwargs)
-            # Lightning checks the devices against SLURM's or torchrun's processes only when it
-            # launches them; here, so that a mismatch is refused before anything starts.
-            environment = getattr(trainer.strategy, "cluster_environment", None)
-            if environment is not None:
-                environment.validate_settings(num_devices=trainer.num_devices, num_nodes=trainer.num_nodes)
-        except (ValueError, MisconfigurationException) as err:
-            # Lightning's checks of the accelerator, strategy, devices and cluster: settings the user
-            # chose, such as FSDP without a GPU, or devices that disagree with SLURM's tasks.
-            raise UsageError(f"trainer: {err}") from None
-        return trainer
-
-    def instantiate_classes(self) -> None:
-        try:
-            super().instantiate_classes()
-        except ValueError as err:
-            # jsonargparse wraps what a class raised while it was built (a callback's ConfigError)
-            # in its own error, whose message lists every object of the list it was in.
-            cause = user_error_in(err)
-            if cause is None:
-                raise
-            raise cause from None
-        if isinstance(self.trainer.strategy, FSDPStrategy | ModelParallelStrategy):
-            if self.model.optim_config.optimizer == "muon":
-                raise UsageError(
-                    "model.optim.optimizer muon orthogonalises whole weight matrices, which FSDP shards "
-                    "over the processes: use adamw with FSDP, or DDP with muon"
-                )
-        if (tokens := self.config.get("tokens_per_step")) is not None:
-            data = self.datamodule
-            apply_tokens_per_step(self.trainer, tokens, data.config.batch_size, data.context_length)
-
-
-def user_error_in(err: BaseException) -> BaseException | None:
-    """The first error a user can cause in `err`'s chain of causes, if there is one."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, USER_ERRORS):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
-
-
-def use_pretrained_shape(config: Namespace, given: set[str]) -> None:
-    """Fill `model.gpt` from the weights `model.init_from` names, keeping what the run may change
-    (dropout, attention, a shorter context); refuse settings and tokenizers the weights exclude."""
-    source = config.model.init_from
-    _, weights, spec = open_pretrained(source)
-    tokenizer = config.data.config.tokenizer
-    if tokenizer != spec["name"]:
-        raise UsageError(
-            f"data.config.tokenizer is {tokenizer!r}, but the weights of {source} read {spec['name']!r} "
-            f"token ids; set --data.config.tokenizer {spec['name']}"
-        )
-    ours = GPTConfig(**config.model.gpt.as_dict())
-    merged = pretrained_config(weights, ours, given, source)
-    for name, value in asdict(merged).items():
-        config.model.gpt[name] = value
-    config.data.context_length = merged.context_length
-
-
-def _entries(value: Any) -> list[Namespace]:
-    """The class_path entries of a `trainer.logger` or `trainer.callbacks` value (one or a list)."""
-    items = value if isinstance(value, list) else [value]
-    return [item for item in items if isinstance(item, Namespace) and item.get("class_path")]
-
-
-def place_in_run_folder(trainer: Namespace, run_dir: Path) -> None:
-    """Point the paths the YAML leaves null into the run folder: loggers' `save_dir`, and
-    ModelCheckpoint's `dirpath` (`<run>/checkpoints`, where `--ckpt_path last` looks)."""
-    for entry in _entries(trainer.get("logger")):
-        if "save_dir" in entry.init_args and entry.init_args.save_dir is None:
-            entry.init_args.save_dir = str(run_dir)
-    for entry in _entries(trainer.get("callbacks")):
-        if entry.class_path.endswith(".ModelCheckpoint") and entry.init_args.get("dirpath") is None:
-            entry.init_args.dirpath = str(run_dir / "checkpoints")
+__all__ = ["MiniGPTCLI", "TrainParser", "help_topic", "train_main"]
+"""What others import from here; the command line's parsing lives in `train_cli`."""
 
 
 class SaveAndLogConfig(SaveConfigCallback):
