@@ -24,6 +24,22 @@ from minigpt.common import atomic_write
 from .lightning_internals import save_last_checkpoint
 
 
+def read_interval(every: int | None, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
+    """How many optimizer steps apart a callback reads values off the device: `every`, or where
+    None, every step on a CPU (reading costs nothing there) and every `log_every_n_steps` steps
+    elsewhere (each read makes the host wait for the device; Lightning reads the logged values
+    then anyway)."""
+    if every is not None:
+        return every
+    return 1 if pl_module.device.type == "cpu" else max(1, trainer.log_every_n_steps)
+
+
+def _checked_interval(every: int | None) -> int | None:
+    if every is not None and every < 1:
+        raise ValueError(f"check_every_n_steps must be at least 1, got {every}")
+    return every
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file and renames it into place.
 
@@ -70,9 +86,7 @@ class SaveAndStopOnSignal(L.Callback):
                 an accelerator. None: every step on CPUs, every `trainer.log_every_n_steps` steps
                 on accelerators. A single process looks at every step, at no cost.
         """
-        if check_every_n_steps is not None and check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps must be at least 1, got {check_every_n_steps}")
-        self.check_every_n_steps = check_every_n_steps
+        self.check_every_n_steps = _checked_interval(check_every_n_steps)
         self._every = 1
         self.path: Path | None = None
         """Where the checkpoint goes; known once training starts."""
@@ -85,10 +99,9 @@ class SaveAndStopOnSignal(L.Callback):
         checkpoint = trainer.checkpoint_callback
         folder = getattr(checkpoint, "dirpath", None) or Path(trainer.default_root_dir) / "checkpoints"
         self.path = Path(folder) / "last.ckpt"
-        every = self.check_every_n_steps
-        if every is None:
-            every = 1 if pl_module.device.type == "cpu" else max(1, trainer.log_every_n_steps)
-        self._every = every if trainer.world_size > 1 else 1
+        self._every = (
+            read_interval(self.check_every_n_steps, trainer, pl_module) if trainer.world_size > 1 else 1
+        )
         # Installed here, after the Trainer's own SIGTERM handler: that one would raise as soon as
         # the current batch ends, before an accumulated optimizer step is complete and saved.
         if threading.current_thread() is not threading.main_thread():
@@ -159,18 +172,13 @@ class StopOnNonFinite(L.Callback):
             check_every_n_steps: Read the values every this many optimizer steps. None: every
                 step on a CPU, every `trainer.log_every_n_steps` steps elsewhere.
         """
-        if check_every_n_steps is not None and check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps must be at least 1, got {check_every_n_steps}")
-        self.check_every_n_steps = check_every_n_steps
+        self.check_every_n_steps = _checked_interval(check_every_n_steps)
         self._every = 1
         self._unread: list[tuple[str, int, torch.Tensor]] = []
         """(what, step, value) of the values not read yet."""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        every = self.check_every_n_steps
-        if every is None:
-            every = 1 if pl_module.device.type == "cpu" else max(1, trainer.log_every_n_steps)
-        self._every, self._unread = every, []
+        self._every, self._unread = read_interval(self.check_every_n_steps, trainer, pl_module), []
 
     def on_before_backward(
         self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor

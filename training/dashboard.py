@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
-from minigpt.common import atomic_write
+from minigpt.common import atomic_write, available_cores
 from minigpt.model import GPT, generate
 from minigpt.viz.attention import attention_of, draw_attention, figure_to_png
 from minigpt.viz.report import write_run_report
@@ -190,7 +189,7 @@ class AttentionMaps(_Shown):
         folder.mkdir(parents=True, exist_ok=True)
         # The layers shared among as many jobs as there are cores: matplotlib draws on one core,
         # and after the last validation the run waits for the drawing.
-        jobs = min(len(weights), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+        jobs = min(len(weights), available_cores())
         shares = [list(weights)[i::jobs] for i in range(jobs)]
         self.start(
             trainer, _draw_pngs, *(({n: weights[n] for n in s}, labels, self.prompt, folder) for s in shares)

@@ -6,21 +6,15 @@ A :class:`BaseTokenizer` subclass says how it is built, rebuilt from its spec an
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from minigpt.common import available_cores as available_cores  # re-exported: the tokenizers use it
+
 from ..errors import DataError
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 @runtime_checkable
