@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpo
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from minigpt.common import atomic_write
+from minigpt.model import ConfigError
 
 from .lightning_internals import save_last_checkpoint
 
@@ -36,7 +37,7 @@ def read_interval(every: int | None, trainer: L.Trainer, pl_module: L.LightningM
 
 def _checked_interval(every: int | None) -> int | None:
     if every is not None and every < 1:
-        raise ValueError(f"check_every_n_steps must be at least 1, got {every}")
+        raise ConfigError(f"check_every_n_steps must be at least 1, got {every}")
     return every
 
 

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from minigpt.cli.train import train_main
 from minigpt.model import device
 
-from .conftest import tiny_args
+from .conftest import REPO, tiny_args
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -146,3 +147,22 @@ def test_resuming_a_run_trained_with_a_removed_lever_names_the_commit_that_reads
         "still reads it"
     )
     assert snapshot(run / "checkpoints") == before
+
+
+@pytest.mark.parametrize("callback", ["StopOnNonFinite", "SaveAndStopOnSignal"])
+def test_a_read_interval_below_one_is_one_line(
+    callback: str, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
+    for entry in config["trainer"]["callbacks"]:
+        if entry["class_path"].endswith(f".{callback}"):
+            entry["init_args"] = {"check_every_n_steps": 0}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    args = tiny_args(corpus, tmp_path / "run", "--trainer.max_steps", "2")
+    args[1] = str(path)
+    assert train_main(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "error: check_every_n_steps must be at least 1, got 0"
+    assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # refused before anything was written
