@@ -152,13 +152,17 @@ def main() -> None:
         + "; median over "
         f"{len(seeds)} seed(s)",
         "",
-        "| variant | step speed vs baseline | steps | val loss | vs baseline |",
-        "|---|---|---|---|---|",
+        "| variant | step speed vs baseline | steps | val loss | vs baseline | val bits per byte | curve |",
+        "|---|---|---|---|---|---|---|",
     ]
     for variant, runs in results.items():
         loss = statistics.median(r["val_loss"] for r in runs)
         delta = f"{loss - base:+.3f}" if base is not None else "-"
-        lines.append(f"| {variant} | {speed[variant]:.1%} | {runs[0]['steps']:.0f} | {loss:.3f} | {delta} |")
+        bpb = statistics.median(r["val_bpb"] for r in runs)
+        curve = " / ".join(f"{v:.3f}" for v in runs[0]["curve"])
+        lines.append(
+            f"| {variant} | {speed[variant]:.1%} | {runs[0]['steps']:.0f} | {loss:.3f} | {delta} | {bpb:.4f} | {curve} |"
+        )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -84,7 +84,8 @@ class WandbLogger(LightningWandbLogger):
     `auto` logs online when you are logged in (`wandb login` or WANDB_API_KEY) and wandb's server
     answers, and offline into the run folder otherwise (`wandb sync` uploads it later);
     $WANDB_MODE, when set, takes precedence, as in wandb itself (`WANDB_MODE=disabled` turns it
-    off). Every other argument is `lightning.pytorch.loggers.WandbLogger`'s and `wandb.init`'s.
+    off). The other arguments are `lightning.pytorch.loggers.WandbLogger`'s and `wandb.init`'s;
+    `init` takes any `wandb.init` argument not listed.
 
     wandb's own banner is left out (`quiet_wandb`): the run's summary says in one line where the
     run goes (`summary_line`), and wandb's warnings and errors still show.
@@ -96,7 +97,17 @@ class WandbLogger(LightningWandbLogger):
         save_dir: str | Path | None = None,
         project: str | None = "minigpt",
         mode: WandbMode = "auto",
-        **kwargs: Any,
+        version: str | None = None,
+        log_model: bool | Literal["all"] = False,
+        prefix: str = "",
+        checkpoint_name: str | None = None,
+        entity: str | None = None,
+        group: str | None = None,
+        tags: list[str] | None = None,
+        notes: str | None = None,
+        job_type: str | None = None,
+        resume: str | None = None,
+        init: dict[str, Any] | None = None,
     ) -> None:
         """
         Args:
@@ -104,17 +115,49 @@ class WandbLogger(LightningWandbLogger):
             save_dir: Where the `wandb/` folder goes (null: the run folder).
             project: wandb project.
             mode: auto, online, offline or disabled (see the class docstring).
-            **kwargs: Passed on to Lightning's WandbLogger and `wandb.init` (entity, tags, group, ...).
+            version: The wandb run id, to resume a run (`resume`).
+            log_model: true: checkpoints become wandb artifacts at the end; "all": as they are saved.
+            prefix: Put before every metric's name.
+            checkpoint_name: Name of the checkpoints' artifact (default: model-<run id>).
+            entity: The wandb team or user the run goes to (default: your own).
+            group: Groups runs on the dashboard (a sweep, a DDP pair).
+            tags: Labels to filter runs by.
+            notes: A longer description of the run.
+            job_type: Another way to group runs (train, eval, ...).
+            resume: wandb's resume mode for `version` ("allow", "must", "never").
+            init: Any other `wandb.init` argument, by name.
+
+        The arguments are written out rather than passed through as `**kwargs`, so that reading
+        the signature (the command line, `--print_config`) imports neither wandb nor reads the
+        source of Lightning's logger, and `--print_config` lists only these.
         """
         self.mode = wandb_mode(mode)
         self._wandb_dir: Path | None = None if self.mode == "disabled" else Path(save_dir or ".") / "wandb"
+        kwargs = {
+            key: value
+            for key, value in dict(
+                entity=entity, group=group, tags=tags, notes=notes, job_type=job_type, resume=resume
+            ).items()
+            if value is not None
+        }
+        kwargs.update(init or {})
         if self.mode == "disabled" and kwargs.get("settings") is None:
             # A disabled run records nothing, yet wandb still asks git about the run folder, which
             # does not exist yet, and prints "git root ... does not exist" at every start.
             import wandb  # here: importing it costs ~0.5 s, which only a run with this logger pays
 
             kwargs["settings"] = wandb.Settings(disable_git=True)
-        super().__init__(name=name, save_dir=str(save_dir or "."), project=project, mode=self.mode, **kwargs)
+        super().__init__(
+            name=name,
+            save_dir=str(save_dir or "."),
+            version=version,
+            project=project,
+            log_model=log_model,
+            prefix=prefix,
+            checkpoint_name=checkpoint_name,
+            mode=self.mode,
+            **kwargs,
+        )
         if self._wandb_init.get("anonymous") is None:
             # Lightning passes anonymous=None along, which wandb answers with a deprecation warning.
             del self._wandb_init["anonymous"]
@@ -165,14 +208,29 @@ def quiet_wandb() -> None:
 class CSVLogger(LightningCSVLogger):
     """Lightning's `CSVLogger` (metrics.csv per run version), in the run folder by default."""
 
-    def __init__(self, save_dir: str | Path | None = None, name: str | None = "csv", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        save_dir: str | Path | None = None,
+        name: str | None = "csv",
+        version: int | str | None = None,
+        prefix: str = "",
+        flush_logs_every_n_steps: int = 100,
+    ) -> None:
         """
         Args:
             save_dir: Parent of the `name/version_N/` folders (null: the run folder).
             name: Folder for this logger's versions.
-            **kwargs: Passed on to Lightning's CSVLogger (version, prefix, flush_logs_every_n_steps).
+            version: The version folder (default: the next free `version_N`).
+            prefix: Put before every metric's name.
+            flush_logs_every_n_steps: How often the rows reach metrics.csv.
         """
-        super().__init__(save_dir=save_dir or ".", name=name, **kwargs)
+        super().__init__(
+            save_dir=save_dir or ".",
+            name=name,
+            version=version,
+            prefix=prefix,
+            flush_logs_every_n_steps=flush_logs_every_n_steps,
+        )
 
 
 def step_logs_written(trainer: Any) -> bool:

@@ -118,6 +118,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "batch_x3": {"data.config.batch_size": "x3"},
     "batch_half": {"data.config.batch_size": "x0.5"},
     "ctx256": {"model.gpt.context_length": 256, "data.config.batch_size": "x0.5"},  # same tokens a step
+    "dropout05": {"model.gpt.dropout": 0.05},
+    "dropout3": {"model.gpt.dropout": 0.3},
+    "vocab2048": {"data.config.vocab_size": 2048},
+    "vocab8192": {"data.config.vocab_size": 8192},
+    "wide384": {"model.gpt.n_embd": 384, "model.gpt.n_head": 6},
 }
 """Each lever alone, as dotted settings of the config ("xF": the config's value times F); "a+b" in a
 variant's name combines them. Levers that lost and left the model are no variants any more:

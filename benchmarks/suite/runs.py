@@ -37,6 +37,7 @@ def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int, c
     `fastest` dict keeps the fastest forward+backward and optimizer part (clipping, the step, the
     average) seen. `compiled`: the blocks through `torch.compile`, as `--model.compile true` runs
     them (the LM head and the loss stay eager); the first call compiles."""
+    vocab_size = int(extra.get("data.config.vocab_size", vocab_size))  # a variant's own vocabulary
     gpt = GPT(GPTConfig(**{**section(config, extra, "gpt"), "vocab_size": vocab_size}))
     features = torch.compile(gpt.features) if compiled else gpt.features
     optimizer = build_optimizer(gpt, OptimConfig(**section(config, extra, "optim")))
@@ -98,12 +99,19 @@ def run_train_py(configs: list[str], extra: list[str], run_dir: Path, cwd: Path)
 
 
 def train(args: argparse.Namespace, work: Path, name: str, extra: list[str]) -> dict[str, float]:
-    """One train.py run; its steps and the last validation loss it logged."""
+    """One train.py run; its steps, the last validation loss it logged (nats per token and bits
+    per byte) and every validation loss on the way."""
     configs = [args.config, *([args.over] if args.over else [])]
     data = ["--data.config.source", args.source, "--data.config.cache_dir", str(work / "data")]
     rows = run_train_py(configs, [*data, *extra], work / name, work)
     vals = [float(r["val_loss"]) for r in rows if r.get("val_loss")]
-    return {"steps": max(int(r["step"]) for r in rows) + 1, "val_loss": vals[-1], "curve": vals}
+    bpb = [float(r["val_bpb"]) for r in rows if r.get("val_bpb")]
+    return {
+        "steps": max(int(r["step"]) for r in rows) + 1,
+        "val_loss": vals[-1],
+        "curve": vals,
+        "val_bpb": bpb[-1] if bpb else float("nan"),
+    }
 
 
 def windows(ids: np.ndarray, context: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -71,7 +71,7 @@ def test_reachability_check_fails_fast_for_a_closed_port(monkeypatch: pytest.Mon
         assert time.perf_counter() - start < 2.0
 
 
-@pytest.mark.parametrize("given", [{}, {"settings": None}], ids=["no settings", "settings null (train.py)"])
+@pytest.mark.parametrize("given", [{}, {"init": {"settings": None}}], ids=["no settings", "settings null"])
 def test_a_disabled_run_starts_without_wandb_warning_about_git(
     given: dict, monkeypatch: pytest.MonkeyPatch, tmp_path, capfd: pytest.CaptureFixture[str]
 ) -> None:
