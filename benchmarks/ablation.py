@@ -160,9 +160,16 @@ def main() -> None:
         delta = f"{loss - base:+.3f}" if base is not None else "-"
         bpb = statistics.median(r["val_bpb"] for r in runs)
         curve = " / ".join(f"{v:.3f}" for v in runs[0]["curve"])
-        lines.append(
-            f"| {variant} | {speed[variant]:.1%} | {runs[0]['steps']:.0f} | {loss:.3f} | {delta} | {bpb:.4f} | {curve} |"
-        )
+        row = [
+            variant,
+            f"{speed[variant]:.1%}",
+            f"{runs[0]['steps']:.0f}",
+            f"{loss:.3f}",
+            delta,
+            f"{bpb:.4f}",
+            curve,
+        ]
+        lines.append("| " + " | ".join(row) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
