@@ -152,11 +152,13 @@ def _stopped_at_once(trainer: L.Trainer) -> int | None:
 
 class _SaidElsewhere(logging.Filter):
     """Drops Lightning's lines about the devices and the precision, which the run's summary
-    states (RunSummary), and its suggestion to install its hosted logger, at every start."""
+    states (RunSummary), its suggestion to install its hosted logger, at every start, and its
+    note that the run reached max_steps, which the closing `done:` line says."""
 
     UNSAID = re.compile(
         r"(GPU|TPU|HPU) available: |Using (16bit|bfloat16) Automatic Mixed Precision \(AMP\)$"
         r"|LOCAL_RANK: \d+ - CUDA_VISIBLE_DEVICES: |.*litlogger"
+        r"|`Trainer.fit` stopped: `max_steps=\d+` reached"
     )
 
     def filter(self, record: logging.LogRecord) -> bool:

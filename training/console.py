@@ -4,6 +4,7 @@ closing line after the last."""
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from minigpt.common import duration
 from minigpt.model import GPTConfig, MultiHeadAttention
@@ -31,17 +33,41 @@ BAR_FIGURES = ("train_loss", "tokens_per_sec")
 
 class StepProgressBar(TQDMProgressBar):
     """Lightning's progress bar, counting the run's optimizer steps rather than one epoch's batches,
-    so its total and ETA are the whole run's."""
+    so its total and ETA are the whole run's.
+
+    Into a terminal it draws the bar. Into anything else (a file, a pipe, a job's log) a bar is
+    one line rewritten with carriage returns and cursor codes, hundreds of times, and a
+    validation's bar ten lines more: there it prints `lines` plain lines instead, evenly over
+    the run, each with the step, the time so far and left, and the latest figures.
+    """
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, lines: int = 10) -> None:
+        super().__init__(refresh_rate=refresh_rate, process_position=process_position)
+        self.lines = lines
+        self._plain = False
+        self._next_line = 0
+        self._started = 0.0
+        self._first_step = 0
+        self._figures: dict[str, Any] = {}  # the latest figures, as the last log step read them
 
     @property
     def train_description(self) -> str:
         return "steps"
 
+    def init_train_tqdm(self) -> Tqdm:
+        return Tqdm(disable=True) if self._plain else super().init_train_tqdm()
+
+    def init_validation_tqdm(self) -> Tqdm:
+        return Tqdm(disable=True) if self._plain else super().init_validation_tqdm()
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._plain = not sys.stdout.isatty()
         super().on_train_start(trainer, pl_module)
         bar = self.train_progress_bar
         bar.total = trainer.estimated_stepping_batches
         bar.initial = bar.n = trainer.global_step  # a resumed run starts where it stopped
+        self._started, self._first_step = time.monotonic(), trainer.global_step
+        self._next_line = self._line_after(trainer.global_step, bar.total)
 
     def on_train_epoch_start(self, trainer: L.Trainer, *_: Any) -> None:
         pass  # one bar for the whole run: epochs are an artefact of the sampler here
@@ -59,6 +85,12 @@ class StepProgressBar(TQDMProgressBar):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self._plain:
+            self.train_progress_bar.n = trainer.global_step  # counted all the same, not drawn
+            if step_logs_written(trainer):  # new figures, read where reading costs nothing extra
+                self._figures = self.get_metrics(trainer, pl_module)
+            self._print_line(trainer)
+            return
         bar, step = self.train_progress_bar, trainer.global_step
         if bar is None or bar.disable or not self._should_update(step, bar.total):
             return
@@ -69,6 +101,47 @@ class StepProgressBar(TQDMProgressBar):
             # The figures are as they were: reading them again would make the host wait for the
             # device (Lightning turns each into a number), at every step.
             bar.refresh()
+
+    def print(self, *args: Any, sep: str = " ", **kwargs: Any) -> None:
+        # Lightning's print goes through the bar that is drawn; with none drawn it would drop
+        # the line (the samples at each validation).
+        if self._plain:
+            print(*args, sep=sep, **kwargs)
+        else:
+            super().print(*args, sep=sep, **kwargs)
+
+    def _line_after(self, step: int, total: int | float) -> int:
+        """The step of the next plain line after `step`: the next of `lines` even marks."""
+        if not self.lines or total in (0, float("inf")):
+            return -1
+        marks = [round(total * i / self.lines) for i in range(1, self.lines + 1)]
+        return next((mark for mark in marks if mark > step), -1)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if self._plain and trainer.state.fn == "fit":
+            self._figures = self.get_metrics(trainer, pl_module)
+
+    def _print_line(self, trainer: L.Trainer) -> None:
+        step, total = trainer.global_step, self.train_progress_bar.total
+        if step != self._next_line or self.is_disabled:
+            return
+        self._next_line = self._line_after(step, total)
+        elapsed = time.monotonic() - self._started
+        left = elapsed / max(step - self._first_step, 1) * (total - step)
+        figures = ", ".join(f"{name} {_figure(value)}" for name, value in self._figures.items())
+        print(
+            f"step {step:,}/{total:,} ({step / total:.0%}), {duration(elapsed)}, {duration(left)} left"
+            + (f": {figures}" if figures else ""),
+            flush=True,
+        )
+
+
+def _figure(value: Any) -> str:
+    """A progress line's figure: losses to 3 decimals, rates to 3 significant digits."""
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.3f}" if abs(value) < 100 else _tokens(value)
 
 
 def _tokens(n: float) -> str:
