@@ -8,6 +8,7 @@ decorated with :func:`register_tokenizer` (see :mod:`.base` and :mod:`.registry`
 """
 
 from .base import BaseTokenizer, IdMap, Tokenizer, available_cores
+from .chat_tokens import CHAT_TOKENS, ChatTokenizer, with_chat_tokens
 from .registry import (
     TOKENIZERS,
     build_tokenizer,
@@ -27,11 +28,13 @@ from .bpe import BPETokenizer
 # isort: on
 
 __all__ = [
+    "CHAT_TOKENS",
     "GPT2_SPEC",
     "TOKENIZERS",
     "BPETokenizer",
     "BaseTokenizer",
     "CharTokenizer",
+    "ChatTokenizer",
     "CompactGPT2Tokenizer",
     "GPT2Tokenizer",
     "IdMap",
@@ -42,4 +45,5 @@ __all__ = [
     "spec_from_hf_tokenizer_json",
     "tokenizer_class",
     "tokenizer_from_spec",
+    "with_chat_tokens",
 ]

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from ..errors import DataError
 from .base import BaseTokenizer, Tokenizer
+from .chat_tokens import CHAT_TOKENS_KEY, ChatTokenizer
 
 TOKENIZERS: dict[str, type[BaseTokenizer]] = {}
 """Name -> class of every tokenizer that can be built by name, in the order error messages list them."""
@@ -51,7 +52,8 @@ def tokenizer_from_spec(spec: dict[str, Any], tokenizer_path: str | None = None)
     """Rebuild the tokenizer described by ``spec`` (from :meth:`Tokenizer.spec`).
 
     Args:
-        spec: As stored in ``meta.json`` of prepared data or in a checkpoint.
+        spec: As stored in ``meta.json`` of prepared data or in a checkpoint; with chat markers
+            (:data:`CHAT_TOKENS_KEY`), the named tokenizer with them (:class:`ChatTokenizer`).
         tokenizer_path: GPT-2 ranks file for air-gapped machines; the spec never stores a path.
 
     Raises:
@@ -60,6 +62,12 @@ def tokenizer_from_spec(spec: dict[str, Any], tokenizer_path: str | None = None)
     name = spec.get("name") if isinstance(spec, dict) else None
     if not isinstance(name, str) or name not in TOKENIZERS:
         raise DataError(f"tokenizer spec names unknown tokenizer {name!r}; valid names: {_valid_names()}")
+    if CHAT_TOKENS_KEY in spec:  # a tokenizer with the chat markers added (see ChatTokenizer)
+        markers = spec[CHAT_TOKENS_KEY]
+        if not isinstance(markers, dict):
+            raise DataError(f"tokenizer spec's {CHAT_TOKENS_KEY!r} is not a mapping of role to token")
+        base = {key: value for key, value in spec.items() if key != CHAT_TOKENS_KEY}
+        return ChatTokenizer(TOKENIZERS[name].from_spec(base, tokenizer_path), markers)
     return TOKENIZERS[name].from_spec(spec, tokenizer_path)
 
 
