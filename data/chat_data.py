@@ -1,0 +1,164 @@
+"""Conversations as training windows: one conversation per window, padded, loss on the assistant.
+
+Each conversation is encoded once (:class:`~.chat.ChatEncoder`) into ids and the mask of the ids
+the model learns to write. A window is ``(x, y)`` as :mod:`.windows` cuts them, ``y[t]`` the id
+after ``x[t]``, but holds one conversation from its first id, padded at the end; every target
+that is not an assistant's id is :data:`IGNORE_INDEX`, which cross-entropy leaves out. Padding
+after the conversation changes nothing before it: attention is causal.
+
+Several conversations packed into one window, each attending only to itself, are not done yet.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .chat import ChatEncoder
+from .errors import DataError
+from .instructions import Conversation
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+"""Target of a position the loss leaves out: cross-entropy's default ``ignore_index``, which
+``minigpt.training.loss.next_token_loss`` keeps."""
+TOO_LONG = ("truncate", "refuse")
+"""What to do with a conversation longer than a window: cut it to the window, or stop with a DataError."""
+
+
+@dataclass(frozen=True)
+class ChatDataConfig:
+    """Where instruction or chat data comes from, and what to do with conversations that do not fit."""
+
+    source: str
+    """A .jsonl/.json/.parquet file or folder of instruction rows (instruction, input, output) or
+    chats (messages), or a hub dataset of them."""
+    split: str = "train"
+    """Split of a hub dataset."""
+    subset: str | None = None
+    """Named configuration of a hub dataset."""
+    streaming: bool = False
+    """Stream a hub dataset instead of downloading it whole first."""
+    too_long: str = "truncate"
+    """A conversation longer than the context: "truncate" keeps its start and counts it (one that
+    keeps none of the assistant's ids is dropped, and counted too); "refuse" stops with an error
+    naming its row."""
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            raise DataError("chat data source must not be empty")
+        if self.too_long not in TOO_LONG:
+            raise DataError(f"too_long must be one of {', '.join(TOO_LONG)}, got {self.too_long!r}")
+
+
+@dataclass(frozen=True)
+class ChatExamples:
+    """Encoded conversations, back to back: conversation ``i`` is ``offsets[i]:offsets[i + 1]``."""
+
+    ids: np.ndarray
+    """``(N,)`` uint32: every conversation's ids."""
+    learned: np.ndarray
+    """``(N,)`` bool: whether the model learns to write each id (the assistant's)."""
+    offsets: np.ndarray
+    """``(n + 1,)`` int64: where each conversation starts, and the end."""
+    truncated: int = 0
+    """Conversations cut to the window."""
+    dropped: int = 0
+    """Conversations left out: cut to the window, none of the assistant's ids were left."""
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def conversation(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ids and the learned mask of conversation ``index``."""
+        span = slice(int(self.offsets[index]), int(self.offsets[index + 1]))
+        return self.ids[span], self.learned[span]
+
+
+def encode_conversations(
+    conversations: Iterable[Conversation],
+    encoder: ChatEncoder,
+    context_length: int,
+    too_long: str = "truncate",
+) -> ChatExamples:
+    """Every conversation encoded, each fitting a window of ``context_length`` inputs (at most
+    ``context_length + 1`` ids, for the targets of the last input).
+
+    Raises:
+        DataError: A conversation cannot be encoded, or (``too_long="refuse"``) does not fit; the
+            message names its row. Or no conversation is left.
+    """
+    if too_long not in TOO_LONG:
+        raise DataError(f"too_long must be one of {', '.join(TOO_LONG)}, got {too_long!r}")
+    limit = context_length + 1
+    ids, learned, lengths, truncated, dropped = [], [], [], 0, 0
+    for conversation in conversations:
+        try:
+            tokens, mask = encoder.encode(conversation.messages)
+        except DataError as error:
+            raise DataError(f"{conversation.where}: {error}") from None
+        if len(tokens) > limit:
+            if too_long == "refuse":
+                raise DataError(
+                    f"{conversation.where} is {len(tokens)} tokens, more than a window of {context_length}"
+                    " (+1 target) holds; shorten it, raise the context length or set too_long: truncate"
+                )
+            truncated += 1
+            tokens, mask = tokens[:limit], mask[:limit]
+            if not mask[1:].any():  # the first id is never a target
+                dropped += 1
+                continue
+        ids.append(tokens)
+        learned.append(mask)
+        lengths.append(len(tokens))
+    if truncated:
+        logger.warning(
+            "%d conversation(s) longer than the context of %d were truncated; %d kept none of the"
+            " assistant's tokens and were dropped",
+            truncated,
+            context_length,
+            dropped,
+        )
+    if not ids:
+        raise DataError("no conversation is left to train on")
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    return ChatExamples(np.concatenate(ids), np.concatenate(learned), offsets, truncated, dropped)
+
+
+class ConversationWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Window ``i`` is conversation ``i``: ``(x, y)``, each ``(T,)`` int64, padded after it with
+    ``pad_id`` in ``x`` and :data:`IGNORE_INDEX` in ``y``, which also stands in every target that
+    is not the assistant's."""
+
+    def __init__(self, examples: ChatExamples, context_length: int, pad_id: int) -> None:
+        """
+        Args:
+            examples: Conversations of at most ``context_length + 1`` ids (:func:`encode_conversations`).
+            context_length: ``T``, inputs per window.
+            pad_id: Input id after the conversation (any id: no target depends on it).
+        """
+        longest = int(np.diff(examples.offsets).max(initial=0))
+        if longest > context_length + 1:
+            raise ValueError(f"a conversation of {longest} ids does not fit a window of {context_length}")
+        self.examples = examples
+        self.context_length = context_length
+        self.pad_id = pad_id
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, learned = self.examples.conversation(index)
+        ids = torch.from_numpy(ids.astype(np.int64))
+        x = torch.full((self.context_length,), self.pad_id, dtype=torch.int64)
+        y = torch.full((self.context_length,), IGNORE_INDEX, dtype=torch.int64)
+        n = len(ids) - 1  # inputs with a target
+        x[:n], y[:n] = ids[:-1], ids[1:]
+        y[:n][~torch.from_numpy(learned[1:])] = IGNORE_INDEX
+        return x, y

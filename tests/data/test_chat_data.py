@@ -1,0 +1,92 @@
+"""Conversations as padded windows whose loss counts the assistant's tokens only; conversations
+longer than the context truncated and counted, or refused naming their row."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minigpt.data import DataError
+from minigpt.data.chat import ChatEncoder
+from minigpt.data.chat_data import (
+    IGNORE_INDEX,
+    ChatDataConfig,
+    ConversationWindows,
+    encode_conversations,
+)
+from minigpt.data.instructions import Conversation, read_conversations
+from minigpt.data.tokenizer import CharTokenizer, with_chat_tokens
+from minigpt.training.loss import next_token_loss
+
+T = 48
+
+
+@pytest.fixture(scope="module")
+def encoder() -> ChatEncoder:
+    return ChatEncoder(with_chat_tokens(CharTokenizer.from_texts([string.printable])))
+
+
+def _conversation(question: str, answer: str, where: str = "chats.jsonl, row 1") -> Conversation:
+    return Conversation(
+        where, [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+    )
+
+
+def test_a_window_is_one_conversation_padded_with_only_the_answer_as_targets(encoder: ChatEncoder) -> None:
+    examples = encode_conversations([_conversation("Hi?", "Hello."), _conversation("2+3?", "5")], encoder, T)
+    windows = ConversationWindows(examples, T, pad_id=encoder.tokenizer.end_id)
+    assert len(windows) == 2
+    x, y = windows[0]
+    assert x.shape == y.shape == (T,) and x.dtype == y.dtype == torch.int64
+    ids, _ = examples.conversation(0)
+    n = len(ids) - 1
+    assert x[:n].tolist() == ids[:-1].tolist() and (x[n:] == encoder.tokenizer.end_id).all()
+    assert encoder.tokenizer.decode(y[y != IGNORE_INDEX].tolist()) == "Hello.<|end|>"
+    # Every target the loss counts is the next input: the answer is predicted from what precedes it.
+    kept = (y != IGNORE_INDEX).nonzero().squeeze(1)
+    assert (y[kept[:-1]] == x[kept[:-1] + 1]).all()
+
+
+def test_the_loss_is_the_mean_over_the_answers_tokens(encoder: ChatEncoder) -> None:
+    examples = encode_conversations([_conversation("Hi?", "Hello."), _conversation("2+3?", "5")], encoder, T)
+    x, y = map(torch.stack, zip(*ConversationWindows(examples, T, pad_id=0), strict=True))
+    logits = torch.randn(2, T, encoder.tokenizer.n_vocab, generator=torch.Generator().manual_seed(0))
+    kept = y != IGNORE_INDEX
+    by_hand = F.cross_entropy(logits[kept], y[kept])  # only the answers' positions, nothing else
+    torch.testing.assert_close(next_token_loss(logits, y), by_hand)
+    assert kept.sum() == (len("Hello.") + 1) + (len("5") + 1)  # each answer and its end marker
+
+
+def test_too_long_conversations_are_truncated_and_counted(encoder: ChatEncoder) -> None:
+    fits = _conversation("Hi?", "Hello.")
+    cut = _conversation("Tell me.", "x" * 100)  # its answer starts inside the window
+    lost = _conversation("q" * 100, "Too late.")  # its answer starts after the window
+    examples = encode_conversations([fits, cut, lost], encoder, T, too_long="truncate")
+    assert (len(examples), examples.truncated, examples.dropped) == (2, 2, 1)
+    ids, learned = examples.conversation(1)
+    assert len(ids) == T + 1 and learned[-1]
+    x, y = ConversationWindows(examples, T, pad_id=0)[1]
+    assert y[0] == IGNORE_INDEX and y[-1] != IGNORE_INDEX and x[-1] == ids[-2]  # the question stays out
+
+
+def test_too_long_conversations_can_be_refused_naming_the_row(encoder: ChatEncoder) -> None:
+    long = _conversation("Tell me.", "x" * 100, where="chats.jsonl, row 7")
+    with pytest.raises(DataError, match=r"chats.jsonl, row 7 is \d+ tokens, more than a window of 48"):
+        encode_conversations([_conversation("Hi?", "Hello."), long], encoder, T, too_long="refuse")
+    with pytest.raises(DataError, match="too_long must be one of truncate, refuse, got 'cut'"):
+        ChatDataConfig("chats.jsonl", too_long="cut")
+    with pytest.raises(DataError, match="no conversation is left"):
+        encode_conversations([_conversation("q" * 100, "late")], encoder, T)
+
+
+def test_text_the_tokenizer_cannot_encode_names_the_row(encoder: ChatEncoder, tmp_path: Path) -> None:
+    path = tmp_path / "chats.jsonl"
+    rows = [{"instruction": "Hi?", "output": "Hello."}, {"instruction": "Say ☃", "output": "☃"}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    with pytest.raises(DataError, match=f"{path}, row 2: .*☃"):
+        encode_conversations(read_conversations(str(path)), encoder, T)
