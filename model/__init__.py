@@ -6,6 +6,7 @@ from .generation import LastTokenHead, generate, generate_steps, generate_tokens
 from .gpt import GPT, MLP, Block
 from .kv_cache import KVCache
 from .sampling import check_sampling, sample_next, top_k_filter, top_p_filter
+from .vocab import add_token_rows
 
 __all__ = [
     "GPT",
@@ -16,6 +17,7 @@ __all__ = [
     "KVCache",
     "LastTokenHead",
     "MultiHeadAttention",
+    "add_token_rows",
     "check_sampling",
     "generate",
     "generate_steps",
