@@ -21,7 +21,7 @@ from torch.utils.data import Dataset
 
 from .chat import ChatEncoder
 from .errors import DataError
-from .instructions import Conversation
+from .instructions import Conversation, read_conversations
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +129,16 @@ def encode_conversations(
         raise DataError("no conversation is left to train on")
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     return ChatExamples(np.concatenate(ids), np.concatenate(learned), offsets, truncated, dropped)
+
+
+def load_chat_examples(config: ChatDataConfig, encoder: ChatEncoder, context_length: int) -> ChatExamples:
+    """The conversations of ``config.source``, encoded for windows of ``context_length`` inputs.
+
+    Raises:
+        DataError: The source cannot be read, a row is wrong, or (refusing) a conversation is too long.
+    """
+    conversations = read_conversations(config.source, config.split, config.subset, config.streaming)
+    return encode_conversations(conversations, encoder, context_length, config.too_long)
 
 
 class ConversationWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):

@@ -18,8 +18,9 @@ from minigpt.data.chat_data import (
     ChatDataConfig,
     ConversationWindows,
     encode_conversations,
+    load_chat_examples,
 )
-from minigpt.data.instructions import Conversation, read_conversations
+from minigpt.data.instructions import Conversation
 from minigpt.data.tokenizer import CharTokenizer, with_chat_tokens
 from minigpt.training.loss import next_token_loss
 
@@ -84,9 +85,13 @@ def test_too_long_conversations_can_be_refused_naming_the_row(encoder: ChatEncod
         encode_conversations([_conversation("q" * 100, "late")], encoder, T)
 
 
-def test_text_the_tokenizer_cannot_encode_names_the_row(encoder: ChatEncoder, tmp_path: Path) -> None:
+def test_a_file_of_instructions_becomes_windows(encoder: ChatEncoder, tmp_path: Path) -> None:
     path = tmp_path / "chats.jsonl"
-    rows = [{"instruction": "Hi?", "output": "Hello."}, {"instruction": "Say ☃", "output": "☃"}]
+    rows = [{"instruction": "Hi?", "output": "Hello."}, {"instruction": "Say \u2603", "output": "\u2603"}]
+    path.write_text(json.dumps(rows[0]) + "\n", encoding="utf-8")
+    _, y = ConversationWindows(load_chat_examples(ChatDataConfig(str(path)), encoder, T), T, 0)[0]
+    assert encoder.tokenizer.decode(y[y != IGNORE_INDEX].tolist()) == "Hello.<|end|>"
+    # Text the tokenizer cannot encode (a character the char vocabulary lacks) names its row.
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    with pytest.raises(DataError, match=f"{path}, row 2: .*☃"):
-        encode_conversations(read_conversations(str(path)), encoder, T)
+    with pytest.raises(DataError, match=f"{path}, row 2: .*\u2603"):
+        load_chat_examples(ChatDataConfig(str(path)), encoder, T)
