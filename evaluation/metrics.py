@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torchmetrics import Metric
 
+from minigpt.data.chat_data import IGNORE_INDEX
+
 
 class BitsPerByte(Metric):
     """Bits per byte and the mean loss per token of next-token targets, from sums over every batch
@@ -54,12 +56,14 @@ class BitsPerByte(Metric):
 
         Args:
             losses: Each target's loss in nats, any shape; summed in its own dtype.
-            targets: The target token ids, as many as `losses`.
+            targets: The target token ids, as many as `losses`; IGNORE_INDEX (-100) leaves its
+                target out of every sum, as cross-entropy leaves it out of the loss.
         """
         if self._token_bytes.device != targets.device:
             self._token_bytes = self._token_bytes.to(targets.device)
-        losses = losses.flatten()
-        nbytes = self._token_bytes[targets.flatten()]
+        kept = targets.flatten() != IGNORE_INDEX  # a chat's turns the model does not learn to write
+        losses, targets = losses.flatten()[kept], targets.flatten()[kept]
+        nbytes = self._token_bytes[targets]
         self.nats += losses.sum().double()
         self.targets += losses.numel()
         self.text_nats += losses[nbytes > 0].sum().double()

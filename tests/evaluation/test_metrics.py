@@ -26,6 +26,17 @@ def test_bits_per_byte_leaves_end_of_text_out_and_the_loss_keeps_it() -> None:
     assert (score["targets"].item(), score["bytes"].item()) == (5, 8)
 
 
+def test_ignored_targets_count_in_nothing() -> None:
+    """A chat's targets outside the assistant's turns are -100 (their loss 0): no id is looked up
+    for them, and they add to neither sum."""
+    metric = BitsPerByte(TOKEN_BYTES)
+    metric.update(torch.tensor([[0.0, 2.0], [1.0, 0.0]]), torch.tensor([[-100, 2], [3, -100]]))
+    score = metric.compute()
+    assert (score["targets"].item(), score["bytes"].item()) == (2, 6)
+    assert score["loss"].item() == pytest.approx(3.0 / 2)
+    assert score["bpb"].item() == pytest.approx(3.0 / (math.log(2) * 6))
+
+
 def scored(losses: torch.Tensor, targets: torch.Tensor) -> BitsPerByte:
     metric = BitsPerByte(TOKEN_BYTES)
     for row_losses, row_targets in zip(losses, targets, strict=True):  # one batch a row

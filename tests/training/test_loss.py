@@ -57,3 +57,23 @@ def test_a_perfect_prediction_has_near_zero_loss() -> None:
     hidden = torch.eye(5)[None]  # (1, 5, 5): token i predicts token i with certainty
     loss = fused_linear_cross_entropy(hidden, weight, torch.arange(5)[None], chunk_rows=2)
     assert loss.item() < 1e-6
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 5, 1000])
+def test_ignored_targets_leave_the_mean_and_the_gradients_as_full_logits_do(chunk_rows: int) -> None:
+    """A chat's targets outside the assistant's turns are -100: neither loss reads an id there,
+    and both are the mean over the other targets."""
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 9, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (2, 9))
+    targets[0, :4] = targets[1, 6:] = -100
+    fused = fused_linear_cross_entropy(hidden, weight, targets, chunk_rows=chunk_rows)
+    kept = targets != -100
+    assert_close(fused, torch.nn.functional.cross_entropy((hidden @ weight.T)[kept], targets[kept]))
+    full = reference(hidden, weight, targets)
+    assert_close(fused, full)
+    for a, b in zip(
+        torch.autograd.grad(fused, [hidden, weight]), torch.autograd.grad(full, [hidden, weight]), strict=True
+    ):
+        assert_close(a, b)
