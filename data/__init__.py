@@ -1,7 +1,8 @@
 """Text data for minigpt: corpora, tokenizers, prepared token files and the LightningDataModule.
 
-`TextDataModule` is imported on first use: it needs Lightning, which the commands that only read
-a model (generate, export, visualize, evaluate, serve) would otherwise import at start-up.
+`TextDataModule` and `ChatDataModule` are imported on first use: they need Lightning, which the
+commands that only read a model (generate, export, visualize, evaluate, serve) would otherwise
+import at start-up.
 """
 
 from typing import Any
@@ -30,6 +31,7 @@ __all__ = [
     "BPETokenizer",
     "BaseTokenizer",
     "CharTokenizer",
+    "ChatDataModule",
     "CompactGPT2Tokenizer",
     "DataConfig",
     "DataError",
@@ -56,4 +58,8 @@ def __getattr__(name: str) -> Any:
         from .datamodule import TextDataModule
 
         return TextDataModule
+    if name == "ChatDataModule":
+        from .chat_datamodule import ChatDataModule
+
+        return ChatDataModule
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -49,12 +49,29 @@ class ChatDataConfig:
     """A conversation longer than the context: "truncate" keeps its start and counts it (one that
     keeps none of the assistant's ids is dropped, and counted too); "refuse" stops with an error
     naming its row."""
+    val_fraction: float = 0.05
+    """Share of the conversations held out for validation (at least one), the same ones in every
+    run with the same seed."""
+    batch_size: int = 8
+    """Conversations (one per window) per batch on each device."""
+    num_workers: int = 0
+    """DataLoader worker processes (0 reads in the training process)."""
+    seed: int = 1337
+    """Seed for the held-out conversations and the order of each epoch's."""
+    tokenizer_path: str | None = None
+    """Path to GPT-2's r50k_base.tiktoken ranks file, for machines that cannot download it."""
 
     def __post_init__(self) -> None:
         if not self.source:
             raise DataError("chat data source must not be empty")
         if self.too_long not in TOO_LONG:
             raise DataError(f"too_long must be one of {', '.join(TOO_LONG)}, got {self.too_long!r}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
+        if self.batch_size < 1:
+            raise DataError(f"batch_size must be at least 1, got {self.batch_size}")
+        if self.num_workers < 0:
+            raise DataError(f"num_workers must be 0 or more, got {self.num_workers}")
 
 
 @dataclass(frozen=True)
@@ -79,6 +96,16 @@ class ChatExamples:
         """The ids and the learned mask of conversation ``index``."""
         span = slice(int(self.offsets[index]), int(self.offsets[index + 1]))
         return self.ids[span], self.learned[span]
+
+    def select(self, indices: Iterable[int]) -> ChatExamples:
+        """The conversations ``indices``, in that order (the counts of truncated and dropped ones
+        stay those of the whole set)."""
+        parts = [self.conversation(int(i)) for i in indices]
+        lengths = [len(ids) for ids, _ in parts]
+        offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        ids = np.concatenate([ids for ids, _ in parts]) if parts else self.ids[:0]
+        learned = np.concatenate([mask for _, mask in parts]) if parts else self.learned[:0]
+        return ChatExamples(ids, learned, offsets, self.truncated, self.dropped)
 
 
 def encode_conversations(

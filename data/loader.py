@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from torch.utils.data import DataLoader
-
-from .windows import TrainWindowSampler
 
 logger = logging.getLogger(__name__)
 
 
+@runtime_checkable
+class ResumableSampler(Protocol):
+    """A training sampler that can begin an epoch part-way (:class:`~.windows.TrainWindowSampler`,
+    :class:`~.chat_datamodule.ConversationSampler`)."""
+
+    epoch: int
+    num_replicas: int
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def start_at(self, position: int) -> None:
+        """Make the next iteration (only) begin at this rank's ``position``-th item of the epoch."""
+
+
 class ResumableLoader(DataLoader):
-    """A :class:`~torch.utils.data.DataLoader` over a :class:`TrainWindowSampler` with
+    """A :class:`~torch.utils.data.DataLoader` over a :class:`ResumableSampler` with
     ``state_dict`` / ``load_state_dict``.
 
     The state is the epoch and the number of batches the consumer has taken from the current
@@ -28,14 +40,14 @@ class ResumableLoader(DataLoader):
     iterator) takes effect, and a resume point that belongs to another epoch is dropped.
     """
 
-    sampler: TrainWindowSampler
+    sampler: ResumableSampler
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Takes the arguments of :class:`~torch.utils.data.DataLoader`; ``sampler`` must be a
-        :class:`TrainWindowSampler` and ``batch_size`` set."""
+        :class:`ResumableSampler` and ``batch_size`` set."""
         super().__init__(*args, **kwargs)
-        if not isinstance(self.sampler, TrainWindowSampler) or self.batch_size is None:
-            raise TypeError("ResumableLoader needs a TrainWindowSampler and a batch_size")
+        if not isinstance(self.sampler, ResumableSampler) or self.batch_size is None:
+            raise TypeError("ResumableLoader needs a ResumableSampler and a batch_size")
         self._epoch = 0
         self._batches = 0
         self._resume: tuple[int, int] | None = None

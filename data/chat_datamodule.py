@@ -1,0 +1,166 @@
+"""LightningDataModule that serves conversations for supervised fine-tuning, one per window."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from .chat import ChatEncoder
+from .chat_data import ChatDataConfig, ChatExamples, ConversationWindows, load_chat_examples
+from .errors import DataError
+from .loader import ResumableLoader
+from .tokenizer import ChatTokenizer, tokenizer_from_spec, with_chat_tokens
+from .windows import ValWindowSampler
+
+
+def held_out(count: int, fraction: float, seed: int) -> np.ndarray:
+    """The conversations validation scores, ``(max(1, round(count * fraction)),)`` int64, sorted:
+    a function of the count, the fraction and the seed alone."""
+    if count < 2:
+        raise DataError(f"chat data needs at least 2 conversations (one held out), got {count}")
+    keep = min(max(1, round(count * fraction)), count - 1)
+    return np.sort(np.random.default_rng(seed).permutation(count)[:keep])
+
+
+class ConversationSampler(DistributedSampler):
+    """One rank's share of an epoch's conversations, shuffled by ``(seed, epoch)``: rank ``r`` of
+    ``R`` takes conversations ``r, r + R, ...`` of the epoch's order, the uneven tail dropped."""
+
+    def __init__(self, windows: ConversationWindows, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(windows, num_replicas, rank, shuffle=True, seed=seed, drop_last=True)
+        self._start = 0
+
+    def start_at(self, position: int) -> None:
+        """Make the next iteration (only) begin at this rank's ``position``-th conversation."""
+        self._start = position
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._start = self._start, 0
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.dataset))
+        share = order[self.rank : self.total_size : self.num_replicas]
+        return iter(share[start:].tolist())
+
+
+class ChatDataModule(L.LightningDataModule):
+    """Batches of ``(x, y)``, each ``(B, T)`` int64: one conversation per row, padded, with ``y``
+    the next ids of ``x`` where the assistant writes them and ``-100`` (cross-entropy's ignore
+    index) everywhere else (:class:`~.chat_data.ConversationWindows`).
+
+    The conversations are read with the tokenizer of the weights being fine-tuned, plus the chat
+    markers (:class:`~.tokenizer.ChatTokenizer`): train.py hands its spec to
+    :meth:`use_tokenizer` from ``model.init_from``. ``setup`` reads and encodes every
+    conversation; ``config.val_fraction`` of them, drawn by ``config.seed``, are held out for
+    validation, the same in every run. The training loader shuffles the rest anew each epoch
+    and resumes mid-epoch exactly (:class:`~.loader.ResumableLoader`).
+    """
+
+    # Not `config` as TextDataModule's: a config that picks this module over the default one
+    # would carry the text settings over to a parameter of the same name.
+    def __init__(self, conversations: ChatDataConfig, context_length: int = 128) -> None:
+        """
+        Args:
+            conversations: Where the conversations come from, and how they are held out and batched.
+            context_length: ``T``, ids per window (the model's context length).
+        """
+        super().__init__()
+        if context_length < 1:
+            raise DataError(f"context_length must be at least 1, got {context_length}")
+        self.config = conversations
+        """The settings, under the name TextDataModule's have (the batch size is read from both)."""
+        self.context_length = context_length
+        self._base_spec: dict[str, Any] | None = None
+        self._tokenizer: ChatTokenizer | None = None
+        self._train: ChatExamples | None = None
+        self._val: ChatExamples | None = None
+
+    def use_tokenizer(self, spec: dict[str, Any]) -> None:
+        """Read the conversations with the tokenizer ``spec`` describes (the weights'), plus the markers."""
+        self._base_spec = spec
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._train is not None:
+            return
+        if self._base_spec is None:
+            raise DataError(
+                "chat data is read with the tokenizer of the weights it fine-tunes: set --model.init_from"
+            )
+        tokenizer = with_chat_tokens(tokenizer_from_spec(self._base_spec, self.config.tokenizer_path))
+        examples = load_chat_examples(self.config, ChatEncoder(tokenizer), self.context_length)
+        val = held_out(len(examples), self.config.val_fraction, self.config.seed)
+        train = np.setdiff1d(np.arange(len(examples)), val)
+        self._train, self._val = examples.select(train), examples.select(val)
+        self._tokenizer = tokenizer
+
+    @property
+    def tokenizer(self) -> ChatTokenizer:
+        """The weights' tokenizer with the chat markers (after :meth:`setup`)."""
+        if self._tokenizer is None:
+            raise RuntimeError("ChatDataModule.setup() must run before tokenizer is used")
+        return self._tokenizer
+
+    def examples(self, split: str) -> ChatExamples:
+        """The encoded conversations of ``"train"`` or ``"val"`` (after :meth:`setup`)."""
+        examples = {"train": self._train, "val": self._val}[split]
+        if examples is None:
+            raise RuntimeError("ChatDataModule.setup() must run before its data is used")
+        return examples
+
+    def train_tokens(self) -> int:
+        """Ids the training conversations hold."""
+        return len(self.examples("train").ids)
+
+    def summary(self) -> str:
+        """What the data is, for the run's summary."""
+        train, val = self.examples("train"), self.examples("val")
+        learned = int(train.learned.sum())
+        return (
+            f"{self.config.source}, {self.tokenizer.name} tokens and chat markers: {len(train):,} "
+            f"conversations ({learned:,} of {len(train.ids):,} tokens the assistant's) for training, "
+            f"{len(val):,} for validation"
+        )
+
+    def train_dataloader(self) -> ResumableLoader:
+        trainer = self.trainer
+        num_replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        windows = self._windows("train")
+        if len(windows) < num_replicas * self.config.batch_size:
+            raise DataError(
+                f"{len(windows)} training conversation(s) cannot fill a batch of {self.config.batch_size} "
+                f"on {num_replicas} process(es): lower data.conversations.batch_size"
+            )
+        sampler = ConversationSampler(windows, self.config.seed, num_replicas, rank)
+        return ResumableLoader(windows, sampler=sampler, drop_last=True, **self._loader_options())
+
+    def val_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        num_replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        windows = self._windows("val")
+        if len(windows) < num_replicas:
+            # A rank with nothing to score would skip the validation forward in which DDP
+            # broadcasts the model's buffers, and the others would wait for it forever.
+            raise DataError(
+                f"{len(windows)} validation conversation(s) for {num_replicas} processes: raise "
+                "data.conversations.val_fraction or use fewer processes"
+            )
+        sampler = ValWindowSampler(windows, range(len(windows)), num_replicas, rank)
+        return DataLoader(windows, sampler=sampler, drop_last=False, **self._loader_options())
+
+    def _windows(self, split: str) -> ConversationWindows:
+        # Any input id serves as padding: no target depends on what follows a conversation.
+        return ConversationWindows(self.examples(split), self.context_length, pad_id=self.tokenizer.end_id)
+
+    def _loader_options(self) -> dict[str, Any]:
+        workers = self.config.num_workers
+        return {
+            "batch_size": self.config.batch_size,
+            "num_workers": workers,
+            "pin_memory": torch.cuda.is_available(),
+            "persistent_workers": workers > 0,
+            # Seeded apart from the global generator, which dropout draws from (see TextDataModule).
+            "generator": torch.Generator().manual_seed(self.config.seed),
+        }
