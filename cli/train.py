@@ -64,8 +64,8 @@ def check_output_dir(out_dir: Path, ckpt_path: str | None) -> None:
 
 
 def wants_help(argv: Sequence[str]) -> bool:
-    """Whether the command line asks for help (`-h`, `--help`, `--help=trainer`)."""
-    return any(arg in ("-h", "--help") or arg.startswith("--help=") for arg in argv)
+    """Whether the command line asks for help (`-h`, `--help`, `--help=trainer`, `--data.help CLASS`)."""
+    return any(arg in ("-h", "--help") or arg.startswith("--help=") or ".help" in arg for arg in argv)
 
 
 def train_main(args: Sequence[str] | None = None) -> int:

@@ -3,6 +3,7 @@ settings it fills in from the weights and the run folder, and the checks of the 
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from dataclasses import asdict
@@ -17,6 +18,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from minigpt.checkpoints.pretrained import open_pretrained, pretrained_config
 from minigpt.common import UsageError
+from minigpt.data.chat_datamodule import ChatDataModule
 from minigpt.model import GPTConfig
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.global_batch import apply_tokens_per_step, planned_accumulation
@@ -50,6 +52,8 @@ class TrainParser(LightningArgumentParser):
         )
         super().__init__(*args, **kwargs)
         self.help_topic: str | None = None
+        self.default_data_class: type | None = None
+        """The data module a config that names none gets; `--help` lists its settings."""
 
     def format_help(self, *args: Any, **kwargs: Any) -> str:
         lightning = self.help_topic == LIGHTNING_HELP
@@ -63,9 +67,26 @@ class TrainParser(LightningArgumentParser):
         try:
             # Neither argparse nor jsonargparse can leave a group out of the help: see help_showing.
             with help_showing(self, lambda action: is_lightnings(action.dest) == lightning):
-                return super().format_help(*args, **kwargs)
+                text = super().format_help(*args, **kwargs)
         finally:
             self.description = description
+        if lightning or self.default_data_class is None:
+            return text
+        return text + "\n" + self.data_help(self.default_data_class)
+
+    def data_help(self, data_class: type) -> str:
+        """The settings of `data_class` as `--data.*` options: a config that names no data module
+        gets it, and the parser of any data module lists only `--data` (what `--data.help` shows)."""
+        name = f"{data_class.__module__}.{data_class.__qualname__}"
+        description = (
+            f"The data, {name} unless the config picks another with data.class_path "
+            "(`%(prog)s --data.help CLASS` lists another's settings):"
+        )
+        helper = LightningArgumentParser(
+            prog=self.prog, usage=argparse.SUPPRESS, description=description, add_help=False
+        )
+        helper.add_class_arguments(data_class, "data")
+        return helper.format_help()
 
 
 def is_lightnings(key: str) -> bool:
@@ -93,7 +114,21 @@ def ours_first(config: Namespace) -> Namespace:
 
 
 class MiniGPTCLI(LightningCLI):
-    """LightningCLI with resuming, the allocator setting, and run-folder defaults for paths."""
+    """LightningCLI with resuming, the allocator setting, and run-folder defaults for paths.
+
+    `data` is any LightningDataModule, `datamodule_class` by default: a config that names none
+    (`data: {config: ...}`) gets it, and one may pick another with `data.class_path` (configs/sft.yaml
+    picks minigpt.data.ChatDataModule), its settings under `data.init_args` or straight under `data`.
+    """
+
+    def __init__(
+        self,
+        model_class: type[L.LightningModule],
+        datamodule_class: type[L.LightningDataModule],
+        **kwargs: Any,
+    ) -> None:
+        self.default_data_class = datamodule_class
+        super().__init__(model_class, L.LightningDataModule, subclass_mode_data=True, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument(
@@ -116,7 +151,11 @@ class MiniGPTCLI(LightningCLI):
             "follows from it, the micro-batch (data.config.batch_size x context) and the number of "
             "processes, so the optimisation is the same on any number of devices. null: as the trainer says.",
         )
-        parser.link_arguments("model.gpt.context_length", "data.context_length")
+        data_class = self.default_data_class
+        if isinstance(parser, TrainParser):
+            parser.default_data_class = data_class
+        parser.set_defaults({"data": {"class_path": f"{data_class.__module__}.{data_class.__qualname__}"}})
+        parser.link_arguments("model.gpt.context_length", "data.init_args.context_length")
         # A default of the parser, not a fallback in code, so --print_config shows the run folder.
         parser.set_defaults({"trainer.default_root_dir": DEFAULT_RUN_DIR})
 
@@ -129,8 +168,10 @@ class MiniGPTCLI(LightningCLI):
             parser.help_topic = topic
         self._args = args
         super().parse_arguments(parser, self._args)
+        self.weights_tokenizer: dict[str, Any] | None = None
+        """The tokenizer spec of the weights `model.init_from` names."""
         if self.config.model.get("init_from"):
-            use_pretrained_shape(self.config, self.given_gpt_settings())
+            self.weights_tokenizer = use_pretrained_shape(self.config, self.given_gpt_settings())
         if print_config:
             print(parser.dump(ours_first(self.config), skip_none=False), end="")
             if self.config.get("tokens_per_step") is not None:
@@ -139,10 +180,12 @@ class MiniGPTCLI(LightningCLI):
 
     def planned_accumulation(self) -> str:
         config = self.config
+        data = config.data.init_args
+        settings = data.get("conversations") or data.config  # ChatDataModule's or TextDataModule's
         return planned_accumulation(
             config.tokens_per_step,
-            config.data.config.batch_size,
-            config.data.context_length,
+            settings.batch_size,
+            config.data.init_args.context_length,
             config.trainer.get("devices"),
             config.trainer.get("num_nodes") or 1,
         )
@@ -211,6 +254,13 @@ class MiniGPTCLI(LightningCLI):
                     "model.optim.optimizer muon orthogonalises whole weight matrices, which FSDP shards "
                     "over the processes: use adamw with FSDP, or DDP with muon"
                 )
+        if isinstance(self.datamodule, ChatDataModule):
+            if self.weights_tokenizer is None:
+                raise UsageError(
+                    "chat data fine-tunes trained weights, whose tokenizer reads it: set --model.init_from "
+                    "(a run folder, a checkpoint or GPT-2's weights)"
+                )
+            self.datamodule.use_tokenizer(self.weights_tokenizer)
         if (tokens := self.config.get("tokens_per_step")) is not None:
             data = self.datamodule
             apply_tokens_per_step(self.trainer, tokens, data.config.batch_size, data.context_length)
@@ -227,12 +277,15 @@ def user_error_in(err: BaseException) -> BaseException | None:
     return None
 
 
-def use_pretrained_shape(config: Namespace, given: set[str]) -> None:
+def use_pretrained_shape(config: Namespace, given: set[str]) -> dict[str, Any]:
     """Fill `model.gpt` from the weights `model.init_from` names, keeping what the run may change
-    (dropout, attention, a shorter context); refuse settings and tokenizers the weights exclude."""
+    (dropout, attention, a shorter context); refuse settings and tokenizers the weights exclude.
+    Returns the weights' tokenizer spec."""
     source = config.model.init_from
     _, weights, spec = open_pretrained(source)
-    tokenizer = config.data.config.tokenizer
+    data = config.data.init_args
+    # Text data names its tokenizer; chat data reads the weights' (ChatDataModule.use_tokenizer).
+    tokenizer = data.config.tokenizer if data.get("config") else spec["name"]
     if tokenizer != spec["name"]:
         raise UsageError(
             f"data.config.tokenizer is {tokenizer!r}, but the weights of {source} read {spec['name']!r} "
@@ -242,7 +295,8 @@ def use_pretrained_shape(config: Namespace, given: set[str]) -> None:
     merged = pretrained_config(weights, ours, given, source)
     for name, value in asdict(merged).items():
         config.model.gpt[name] = value
-    config.data.context_length = merged.context_length
+    data.context_length = merged.context_length
+    return spec
 
 
 def _entries(value: Any) -> list[Namespace]:

@@ -201,6 +201,18 @@ def _per_head(muon: Any, pl_module: L.LightningModule) -> str:
     return ", " + (", ".join(cut[:-1]) + " and " + cut[-1] if len(cut) > 1 else cut[0]) + " per head"
 
 
+def _data_summary(data: L.LightningDataModule) -> tuple[int, str]:
+    """The training tokens and what the data is: a data module that says so itself (the chat
+    data's `summary`), or the prepared text of a TextDataModule."""
+    if hasattr(data, "summary"):
+        return data.train_tokens(), data.summary()
+    train_tokens = data.prepared.num_tokens("train")
+    return train_tokens, (
+        f"{data.prepared.meta['source']}, {data.config.tokenizer} tokens: {_tokens(train_tokens)} "
+        f"for training, {_tokens(data.prepared.num_tokens('val'))} for validation"
+    )
+
+
 class RunSummary(L.Callback):
     """Prints what the run is about to do before its first step, and what it did after its last.
 
@@ -233,7 +245,7 @@ class RunSummary(L.Callback):
             return
         steps = trainer.estimated_stepping_batches
         total = steps * self._tokens_per_step
-        train_tokens = data.prepared.num_tokens("train")
+        train_tokens, data_line = _data_summary(data)
         params = parameter_count(config)  # from the shape: under FSDP this rank holds a shard
         flops = training_flops_per_token(config)
         lines = [
@@ -244,8 +256,7 @@ class RunSummary(L.Callback):
                 if getattr(pl_module, "init_from", None)
                 else ""
             ),
-            f"data: {data.prepared.meta['source']}, {data.config.tokenizer} tokens: {_tokens(train_tokens)} "
-            f"for training, {_tokens(data.prepared.num_tokens('val'))} for validation",
+            f"data: {data_line}",
             f"steps: {trainer.global_step:,} done, {steps:,} in all, global batch {self._tokens_per_step:,} "
             f"tokens (micro-batch {data.config.batch_size} x {data.context_length} tokens x "
             f"{trainer.accumulate_grad_batches} accumulated x {trainer.world_size} "

@@ -24,6 +24,7 @@ from minigpt.checkpoints.description import FUNCTION_SETTINGS, PARAMETER_SETTING
 from minigpt.checkpoints.pretrained import load_pretrained, open_pretrained
 from minigpt.evaluation.metrics import BitsPerByte
 from minigpt.model import GPT, ConfigError, GPTConfig
+from minigpt.model.vocab import add_token_rows
 
 from .config import OptimConfig
 from .lightning_internals import attached_trainer, keep_stopped_epoch_open, set_logging_step
@@ -96,8 +97,10 @@ class LitGPT(L.LightningModule):
         if self.model is not None:
             return
         tokenizer = self.trainer.datamodule.tokenizer
+        # A tokenizer that adds the chat markers to the weights' (ChatTokenizer) adds rows too.
+        base = getattr(tokenizer, "base", tokenizer)
         vocab_size = self.gpt_config.vocab_size or tokenizer.n_vocab
-        if vocab_size < tokenizer.n_vocab:
+        if vocab_size < base.n_vocab:
             raise ConfigError(
                 f"model vocab_size {vocab_size} is smaller than the tokenizer's {tokenizer.n_vocab} tokens"
             )
@@ -107,13 +110,18 @@ class LitGPT(L.LightningModule):
         self.model = GPT(self.gpt_config)
         if self.init_from is not None:
             model_file, weights, spec = open_pretrained(self.init_from)
-            if spec != self.tokenizer_spec:
+            if spec not in (self.tokenizer_spec, base.spec()):
                 raise ConfigError(
                     f"the weights of {self.init_from} read {spec['name']} token ids, but this run's data is "
                     f"tokenized with {self.tokenizer_spec['name']}"
                     + (" (a vocabulary built from other text)" if spec["name"] == tokenizer.name else "")
                 )
             load_pretrained(self.model, model_file, weights)
+            if spec != self.tokenizer_spec:  # the markers are new to the weights
+                add_token_rows(self.model, tokenizer.n_vocab, trained=base.n_vocab)
+        elif vocab_size < tokenizer.n_vocab:  # resuming such a run: its checkpoint holds the rows
+            add_token_rows(self.model, tokenizer.n_vocab, trained=base.n_vocab)
+        self.gpt_config = self.model.config
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.optim_config)

@@ -14,7 +14,9 @@ main job, the cli tests each entry point's work):
 - `python -c`: it compiles, and every name it imports exists;
 - `curl` to the server: its JSON is a request the server's own model accepts;
 - `hf download`: the `hf` command is installed; what it would fetch is stood in for by GPT-2 124M's
-  `config.json`, all a fine-tune's options need to parse.
+  `config.json`, all a fine-tune's options need to parse. Likewise the run a command fine-tunes
+  (`runs/small`, which `small.yaml` writes) is stood in for by a checkpoint that describes a model
+  and holds no weights.
 
 Commands for GPUs, several nodes or a hub download are checked the same way: parsing needs neither.
 A command no rule knows fails, so a new kind of command needs a check here.
@@ -38,7 +40,10 @@ import yaml
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
+from minigpt.checkpoints import MODEL_KEY, describe
 from minigpt.cli.train import train_main
+from minigpt.data import CharTokenizer
+from minigpt.model import GPTConfig
 
 from ..training.conftest import REPO, make_play, tiny_args
 from ..training.test_train_generate import read_metrics
@@ -212,6 +217,7 @@ def test_every_command_of_readme_and_the_guides_is_valid_as_written(
         folder = tmp_path / download[download.index("--local-dir") + 1]
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(GPT2_124M))
+    stand_in_run(tmp_path / "runs" / "small")
     match command:
         case ["python", "-m", "pytest", *args]:
             check_pytest(args, request.config)
@@ -232,6 +238,15 @@ def test_every_command_of_readme_and_the_guides_is_valid_as_written(
             assert [e for e in entry_points(group="console_scripts") if e.name == "hf"], "no hf command"
         case _:
             check_setup(command)
+
+
+def stand_in_run(run: Path) -> None:
+    """A run folder whose last checkpoint describes a small.yaml model (char ids) and holds no weights."""
+    checkpoints = run / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    spec = CharTokenizer.from_texts(["abc"]).spec()
+    description = describe(GPTConfig(vocab_size=4, context_length=128, n_layer=4, n_head=4, n_embd=256), spec)
+    torch.save({MODEL_KEY: description, "state_dict": {}}, checkpoints / "last.ckpt")
 
 
 def test_the_guides_commands_are_found() -> None:
