@@ -22,7 +22,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from minigpt.common import atomic_write
 from minigpt.model import ConfigError
 
-from .lightning_internals import save_last_checkpoint
+from .lightning_internals import expect_ranks_to_stop, save_last_checkpoint
 
 
 def read_interval(every: int | None, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
@@ -130,6 +130,8 @@ class SaveAndStopOnSignal(L.Callback):
             received = int(trainer.strategy.reduce(signalled, reduce_op="max"))
         if received:
             self.received = received
+            if trainer.world_size > 1:
+                expect_ranks_to_stop()  # every rank now exits with 128 + the signal
             trainer.save_checkpoint(self.path, weights_only=False)
             self.saved_step = trainer.global_step
             trainer.should_stop = True

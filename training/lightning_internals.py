@@ -11,7 +11,8 @@ Tested on Lightning 2.6.6 (with jsonargparse 4.53.0 and Python 3.11 for `help_sh
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -101,6 +102,29 @@ def save_last_checkpoint(callback: ModelCheckpoint, trainer: L.Trainer) -> bool:
         return False
     callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
     return True
+
+
+# -- the processes Lightning launches ------------------------------------------------------------
+
+PROCESS_OBSERVER = "child-process-observer"
+"""The name of the thread with which Lightning's launcher (rank 0) watches the ranks it started."""
+
+
+def expect_ranks_to_stop(threads: Iterable[threading.Thread] | None = None) -> None:
+    """Tell the thread that watches the ranks Lightning launched (`PROCESS_OBSERVER`, among
+    `threads`; default: this process's) that they are about to exit on purpose, with a signal's
+    exit status.
+
+    Relies on `_ChildProcessObserver`'s `_run`, which it calls every 5 s: when a rank has exited
+    with a non-zero status it kills every rank and the launching process itself with SIGKILL.
+    Needed because a run that a signal stops (SaveAndStopOnSignal) ends every rank with
+    128 + the signal: the other ranks exit at once, while rank 0 still writes the report and
+    finishes the loggers, and was killed in the middle when that took longer than the observer's
+    next look. Tested on Lightning 2.6.6.
+    """
+    for thread in threading.enumerate() if threads is None else threads:
+        if thread.name == PROCESS_OBSERVER and hasattr(thread, "_run"):
+            thread._run = lambda: True  # type: ignore[attr-defined]  # nothing to watch any more
 
 
 # -- LightningCLI's parser ----------------------------------------------------------------------

@@ -97,6 +97,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "untied": {"model.gpt.tie_weights": False},
     "tied": {"model.gpt.tie_weights": True},
     "wsd": {"model.optim.schedule": "wsd", "model.optim.decay_fraction": 0.4},
+    "wsd25": {"model.optim.schedule": "wsd", "model.optim.decay_fraction": 0.25},
     "linear0": {"model.optim.schedule": "wsd", "model.optim.decay_fraction": 1.0, "model.optim.min_lr": 0.0},
     "lr_x2": {"model.optim.lr": "x2", "model.optim.min_lr": "x2"},
     "lr_half": {"model.optim.lr": "x0.5", "model.optim.min_lr": "x0.5"},

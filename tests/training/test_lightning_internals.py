@@ -15,7 +15,9 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.loggers import Logger
 
 from minigpt.training.lightning_internals import (
+    PROCESS_OBSERVER,
     attached_trainer,
+    expect_ranks_to_stop,
     help_showing,
     keep_stopped_epoch_open,
     logging_step,
@@ -211,3 +213,30 @@ def test_help_showing_leaves_out_a_group_and_puts_the_parser_back() -> None:
     assert "--theirs.b" not in shown and "THEIR GROUP" not in shown and "their setting" not in shown
     assert parser.format_help() == before
     assert "THEIR GROUP" in before and "their setting" in before
+
+
+def test_the_process_observer_kills_everyone_for_a_rank_that_stopped_until_told_to_expect_it() -> None:
+    import subprocess
+
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    def observed() -> tuple[Any, subprocess.Popen, subprocess.Popen]:
+        stopped = subprocess.Popen(["sh", "-c", "exit 143"])
+        stopped.wait()
+        # Stands in for rank 0, the launching process, which the observer kills with the ranks.
+        launcher = subprocess.Popen(["sleep", "60"])
+        return _ChildProcessObserver(main_pid=launcher.pid, child_processes=[stopped]), stopped, launcher
+
+    observer, _, launcher = observed()
+    assert observer.name == PROCESS_OBSERVER
+    assert observer._run() is True  # a rank exited with 143: Lightning kills the launcher
+    assert launcher.wait(timeout=10) == -9
+
+    observer, _, launcher = observed()
+    expect_ranks_to_stop([observer])
+    try:
+        assert observer._run() is True
+        assert launcher.poll() is None  # left running
+    finally:
+        launcher.kill()
+        launcher.wait()
