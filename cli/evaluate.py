@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from minigpt.checkpoints import load_model, resolve_checkpoint
-from minigpt.common import UsageError
+from minigpt.common import UsageError, data_settings
 from minigpt.evaluation.results import table, write_results
 from minigpt.evaluation.tasks import Score
 from minigpt.evaluation.text import read_documents, score_text
@@ -132,7 +132,7 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
                 Score("validation", "bits_per_byte", validation.bits_per_byte, None, validation.bytes),
                 Score("validation", "loss", validation.loss, None, validation.tokens),
             ]
-            settings["validation"] = {**asdict(validation), "data": (run.get("data") or {}).get("config")}
+            settings["validation"] = {**asdict(validation), "data": data_settings(run).get("config")}
             print(
                 f"validation of {opts.checkpoint}: {validation.windows:,} windows, {validation.tokens:,} "
                 f"{tokenizer.name} tokens, {validation.bytes:,} bytes",

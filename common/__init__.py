@@ -7,6 +7,15 @@ Imports nothing from the rest of minigpt, so `model/`, `data/` and the rest can 
 from .errors import UsageError, one_line
 from .files import atomic_write, sha256_file
 from .machine import available_cores
+from .settings import data_settings
 from .text import duration
 
-__all__ = ["UsageError", "atomic_write", "available_cores", "duration", "one_line", "sha256_file"]
+__all__ = [
+    "UsageError",
+    "atomic_write",
+    "available_cores",
+    "data_settings",
+    "duration",
+    "one_line",
+    "sha256_file",
+]

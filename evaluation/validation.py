@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from minigpt.common import data_settings
 from minigpt.data import DataConfig, DataError, Tokenizer
 from minigpt.data.corpus import BUILTIN_SHAKESPEARE
 from minigpt.data.prepare import open_prepared, prepare
@@ -43,7 +44,7 @@ class ValidationScore:
 
 def run_data(settings: dict[str, Any]) -> DataConfig:
     """The run's data settings (`data.config` of its config.yaml)."""
-    options = dict(settings.get("data", {}).get("config") or {})
+    options = dict(data_settings(settings).get("config") or {})
     if options.get("special_tokens") is not None:
         options["special_tokens"] = tuple(options["special_tokens"])
     return DataConfig(**options)

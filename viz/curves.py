@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import yaml
 
-from minigpt.common import UsageError, atomic_write
+from minigpt.common import UsageError, atomic_write, data_settings
 
 if TYPE_CHECKING:  # matplotlib (~0.3 s) is imported where the curves are drawn, not when training starts
     from matplotlib.figure import Figure
@@ -139,7 +139,7 @@ def _tokens_seen(
     try:
         config = yaml.safe_load(config_text) or {}
         per_rank = (
-            config["data"]["config"]["batch_size"]
+            data_settings(config)["config"]["batch_size"]
             * config["model"]["gpt"]["context_length"]
             * (config.get("trainer", {}).get("accumulate_grad_batches") or 1)
         )

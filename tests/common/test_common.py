@@ -49,3 +49,13 @@ def test_duration_reads_as_a_person_would_say_it() -> None:
     from minigpt.common import duration
 
     assert [duration(s) for s in (9.6, 515, 7500)] == ["10 s", "8 min 35 s", "2 h 5 min"]
+
+
+def test_data_settings_reads_a_run_config_with_or_without_the_data_modules_class() -> None:
+    from minigpt.common import data_settings
+
+    settings = {"config": {"source": "play.txt", "batch_size": 4}}
+    named = {"data": {"class_path": "minigpt.data.datamodule.TextDataModule", "init_args": settings}}
+    assert data_settings(named) == settings
+    assert data_settings({"data": settings}) == settings  # a run saved before the class was named
+    assert data_settings({}) == {}
