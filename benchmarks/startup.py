@@ -6,7 +6,10 @@ lightning.pytorch"` (which train.py needs; the other commands need only torch).
 Every figure is the median of `--repeats` fresh processes, each timed from its start to its exit,
 or to the line that marks its first useful output (serve.py's "serving ... at", the end of
 train.py's first step); the first process of each command is not counted, as it may write caches
-(bytecode, prepared data). The commands read a tiny model and a small run folder made here, so
+(bytecode, prepared data). A command's margin over its floor is the median of paired differences:
+each of its runs against a run of its floor made just before it, so that the machine's drift
+between the floors and the command (a second of import time within minutes, on a cloud VM)
+does not enter the margin. The commands read a tiny model and a small run folder made here, so
 what is timed is the start, not the work. On a busy machine every figure grows: read each margin
 over its floor, and run the script again before believing a difference of a tenth of a second.
 
@@ -192,17 +195,44 @@ def time_once(case: Case, work: Path, run: int) -> float:
     return elapsed
 
 
-def table(results: dict[str, float], all_cases: list[Case]) -> list[str]:
-    floors = {"torch": results.get("import torch"), "lightning": results.get("import lightning.pytorch")}
+IN_PROCESS = """
+import contextlib, io, sys, time
+import lightning.pytorch
+start = time.perf_counter()
+from minigpt.cli.train import train_main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    try:
+        train_main(sys.argv[1:])
+    except SystemExit:
+        pass
+print(time.perf_counter() - start)
+"""
+"""A process that imports Lightning, then times train.py's work on its arguments from there:
+importing the project and parsing, printing or refusing. The margin over the floor with no
+floor to subtract, which on a machine whose import times drift is the steadier figure."""
+
+
+def in_process(args: list[str], repeats: int) -> float:
+    """Median seconds train.py takes with `args` once Lightning is imported (`IN_PROCESS`)."""
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    times = []
+    for _ in range(repeats + 1):
+        done = subprocess.run(
+            [sys.executable, "-c", IN_PROCESS, *args], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        times.append(float(done.stdout.strip().splitlines()[-1]))
+    return statistics.median(times[1:])
+
+
+def table(results: dict[str, float], margins: dict[str, float], all_cases: list[Case]) -> list[str]:
     lines = [
-        "| command | seconds | over its floor |",
+        "| command | seconds | over its floor (paired) |",
         "|---|---:|---:|",
     ]
     for case in all_cases:
         if case.name not in results:
             continue
-        floor = floors.get(case.floor) if case.floor else None
-        margin = f"{results[case.name] - floor:+.2f} over {case.floor}" if floor is not None else ""
+        margin = f"{margins[case.name]:+.2f} over {case.floor}" if case.name in margins else ""
         lines.append(f"| {case.name} | {results[case.name]:.2f} | {margin} |")
     return lines
 
@@ -220,14 +250,38 @@ def main() -> None:
         work = Path(tmp)
         make_inputs(work)
         chosen = [c for c in cases(work) if c.floor is None or args.only in c.name]
+        floor_case = {c.name: c for c in chosen if c.floor is None}
+        floor_of = {"torch": floor_case["import torch"], "lightning": floor_case["import lightning.pytorch"]}
         results: dict[str, float] = {}
+        margins: dict[str, float] = {}
         for case in chosen:
-            times = [time_once(case, work, run) for run in range(args.repeats + 1)][1:]
+            time_once(case, work, 0)  # not counted: it may write caches
+            times, over = [], []
+            for run in range(1, args.repeats + 1):
+                # Each run paired with its floor, timed just before it: the machine's speed drifts
+                # by more within minutes than the margins this table is for.
+                floor = time_once(floor_of[case.floor], work, run) if case.floor else 0.0
+                times.append(time_once(case, work, run))
+                over.append(times[-1] - floor)
             results[case.name] = statistics.median(times)
+            if case.floor:
+                margins[case.name] = statistics.median(over)
             spread = ", ".join(f"{t:.2f}" for t in times)
             print(f"{case.name}: {results[case.name]:.2f} s (runs: {spread})", file=sys.stderr)
+        after = {}
+        if "train" in args.only or not args.only:
+            for name, argv in (
+                ("--print_config", ["--config", "char.yaml", "--print_config"]),
+                ("no such config", ["--config", "no-such"]),
+                ("unknown key", ["--config", "char.yaml", "--model.gpt.n_layr", "3"]),
+            ):
+                after[name] = in_process(argv, args.repeats)
     print(f"\nStart-up on {cpu_description()}, {os.cpu_count()} cores; median of {args.repeats} runs:\n")
-    print("\n".join(table(results, chosen)))
+    print("\n".join(table(results, margins, chosen)))
+    if after:
+        print("\ntrain.py's work once `import lightning.pytorch` is done, in the same process (median):\n")
+        print("| train.py | seconds after the import |\n|---|---:|")
+        print("\n".join(f"| {name} | {seconds:.2f} |" for name, seconds in after.items()))
 
 
 if __name__ == "__main__":
