@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import DataError
@@ -41,14 +41,24 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
+def sandboxed_template(source: str) -> Template:
+    """``source`` compiled in Jinja's sandbox, with ``raise_exception`` for templates to refuse a
+    conversation; the one way training and the server read a chat template.
+
+    Raises:
+        TemplateError: ``source`` is not a valid template.
+    """
+    environment = ImmutableSandboxedEnvironment(keep_trailing_newline=True)
+    environment.globals["raise_exception"] = _raise
+    return environment.from_string(source)
+
+
 class ChatTemplateText:
     """The chat template, rendered as the server renders it (``minigpt.server.ChatTemplate``)."""
 
     def __init__(self, source: str, name: str = "chat template") -> None:
-        environment = ImmutableSandboxedEnvironment(keep_trailing_newline=True)
-        environment.globals["raise_exception"] = _raise
         try:
-            self._template = environment.from_string(source)
+            self._template = sandboxed_template(source)
         except TemplateError as error:
             raise DataError(f"{name} is not a valid Jinja template: {error}") from None
         self.name = name

@@ -7,11 +7,11 @@ from typing import Any
 
 import lightning as L
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from .chat import ChatEncoder
 from .chat_data import ChatDataConfig, ChatExamples, ConversationWindows, load_chat_examples
+from .datamodule import loader_options
 from .errors import DataError
 from .loader import ResumableLoader
 from .tokenizer import ChatTokenizer, tokenizer_from_spec, with_chat_tokens
@@ -155,12 +155,4 @@ class ChatDataModule(L.LightningDataModule):
         return ConversationWindows(self.examples(split), self.context_length, pad_id=self.tokenizer.end_id)
 
     def _loader_options(self) -> dict[str, Any]:
-        workers = self.config.num_workers
-        return {
-            "batch_size": self.config.batch_size,
-            "num_workers": workers,
-            "pin_memory": torch.cuda.is_available(),
-            "persistent_workers": workers > 0,
-            # Seeded apart from the global generator, which dropout draws from (see TextDataModule).
-            "generator": torch.Generator().manual_seed(self.config.seed),
-        }
+        return loader_options(self.config.batch_size, self.config.num_workers, self.config.seed)

@@ -131,14 +131,18 @@ class TextDataModule(L.LightningDataModule):
         return DataLoader(dataset, sampler=sampler, drop_last=False, **self._loader_options())
 
     def _loader_options(self) -> dict[str, Any]:
-        workers = self.config.num_workers
-        return {
-            "batch_size": self.config.batch_size,
-            "num_workers": workers,
-            "pin_memory": torch.cuda.is_available(),
-            "persistent_workers": workers > 0,
-            # Every new iterator draws a seed for its workers; from the global generator, that
-            # draw would shift the random state dropout uses, and a resumed run (whose train
-            # iterator starts at a different moment) would no longer repeat the original.
-            "generator": torch.Generator().manual_seed(self.config.seed),
-        }
+        return loader_options(self.config.batch_size, self.config.num_workers, self.config.seed)
+
+
+def loader_options(batch_size: int, num_workers: int, seed: int) -> dict[str, Any]:
+    """The DataLoader settings every data module here shares."""
+    return {
+        "batch_size": batch_size,
+        "num_workers": num_workers,
+        "pin_memory": torch.cuda.is_available(),
+        "persistent_workers": num_workers > 0,
+        # Every new iterator draws a seed for its workers; from the global generator, that
+        # draw would shift the random state dropout uses, and a resumed run (whose train
+        # iterator starts at a different moment) would no longer repeat the original.
+        "generator": torch.Generator().manual_seed(seed),
+    }

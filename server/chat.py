@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from minigpt.common import UsageError
+from minigpt.data.chat import sandboxed_template
 
 from .errors import RequestError
 
@@ -24,21 +24,14 @@ DEFAULT_STOP = ("\n\n",)
 """Where the default template's assistant turn ends: the blank line after a speech."""
 
 
-def _raise(message: str) -> None:
-    """`raise_exception(...)`, which Hugging Face's templates call to refuse a conversation."""
-    raise TemplateError(message)
-
-
 class ChatTemplate:
     """A conversation to prompt text, and the strings that end the model's turn."""
 
     def __init__(
         self, source: str, stop: tuple[str, ...] = DEFAULT_STOP, name: str = "chat template"
     ) -> None:
-        environment = ImmutableSandboxedEnvironment(keep_trailing_newline=True)
-        environment.globals["raise_exception"] = _raise
         try:
-            self._template = environment.from_string(source)
+            self._template = sandboxed_template(source)
         except TemplateError as err:
             raise UsageError(f"{name} is not a valid Jinja template: {err}") from None
         self.stop = stop

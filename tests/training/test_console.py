@@ -13,20 +13,14 @@ import pytest
 
 from .conftest import REPO, tiny_args
 
-MOST_LINES = 40
-"""tiny.yaml for 20 steps prints ~20: the summary, the one sample, the done line (and, once, the
-data's preparation)."""
 
-
-@pytest.mark.slow
-def test_a_run_logged_to_a_file_prints_a_summary_samples_and_one_done_line(
-    corpus: Path, tmp_path: Path
-) -> None:
+def train_into_a_file(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """train.py with `args`, its stdout and stderr into a file as `> log 2>&1` would, wandb
+    offline and not logged in; the finished process and what the file holds."""
     console = tmp_path / "console.txt"
     env = {**os.environ, "WANDB_MODE": "offline", "NETRC": str(tmp_path / "no-netrc")}
     for name in ("WANDB_SILENT", "WANDB_QUIET", "WANDB_API_KEY"):
         env.pop(name, None)
-    args = tiny_args(corpus, tmp_path / "run", "--trainer.max_steps", "20")
     with console.open("w") as out:
         result = subprocess.run(
             [sys.executable, str(REPO / "train.py"), *args],
@@ -36,7 +30,21 @@ def test_a_run_logged_to_a_file_prints_a_summary_samples_and_one_done_line(
             env=env,
             timeout=240,
         )
-    text = console.read_text()
+    return result, console.read_text()
+
+
+MOST_LINES = 40
+"""tiny.yaml for 20 steps prints ~20: the summary, the one sample, the done line (and, once, the
+data's preparation)."""
+
+
+@pytest.mark.slow
+def test_a_run_logged_to_a_file_prints_a_summary_samples_and_one_done_line(
+    corpus: Path, tmp_path: Path
+) -> None:
+    result, text = train_into_a_file(
+        tiny_args(corpus, tmp_path / "run", "--trainer.max_steps", "20"), tmp_path
+    )
     assert result.returncode == 0, text[-3000:]
     assert "\x1b" not in text, "colour codes in a file"
     lines = text.splitlines()
@@ -60,22 +68,11 @@ SCREENS = 2 * 50
 def test_small_yamls_console_into_a_file_fits_on_two_screens(corpus: Path, tmp_path: Path) -> None:
     """small.yaml as README runs it (progress bar, samples, attention maps, report), at a tiny
     shape and with its four validations squeezed into 8 steps, logged to a file."""
-    console = tmp_path / "console.txt"
-    env = {**os.environ, "WANDB_MODE": "offline", "NETRC": str(tmp_path / "no-netrc")}
     args = ["--config", "small.yaml", "--data.config.source", str(corpus)]
     args += ["--trainer.default_root_dir", str(tmp_path / "run"), "--trainer.max_steps", "8"]
     args += ["--trainer.val_check_interval", "2", "--data.config.batch_size", "4"]
     args += ["--model.gpt.n_layer", "1", "--model.gpt.n_head", "2", "--model.gpt.n_embd", "32"]
-    with console.open("w") as out:
-        result = subprocess.run(
-            [sys.executable, str(REPO / "train.py"), *args],
-            cwd=tmp_path,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            timeout=240,
-        )
-    text = console.read_text()
+    result, text = train_into_a_file(args, tmp_path)
     assert result.returncode == 0, text[-3000:]
     assert "\x1b" not in text and "\r" not in text, "a progress bar's codes in a file"
     lines = text.splitlines()
