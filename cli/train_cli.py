@@ -4,6 +4,7 @@ settings it fills in from the weights and the run folder, and the checks of the 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import asdict
@@ -105,6 +106,39 @@ def help_topic(args: list[str]) -> tuple[list[str], str | None]:
     return args, None
 
 
+YAML_NULLS = frozenset({"null", "Null", "NULL", "~"})
+
+
+def data_nulls_as_dicts(args: list[str]) -> list[str]:
+    """`args` with each `--data.KEY null` written as `--data={"init_args": {KEY: null}}`.
+
+    `data` is a subclass setting, and jsonargparse (4.x) hands a nested option on to the data
+    module's parser as the text `--KEY=None`, which a setting typed `int | None` refuses: so
+    `--data.config.max_tokens null` failed where `--model.gpt.KEY null` works. A dict given to
+    `--data` merges with the settings before it, as the option would have.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg, taken = args[i], 1
+        key = value = None
+        if arg.startswith("--data.") and not arg.startswith("--data.class_path"):
+            if "=" in arg:
+                key, value = arg.removeprefix("--data.").split("=", 1)
+            elif i + 1 < len(args):
+                key, value, taken = arg.removeprefix("--data."), args[i + 1], 2
+        if key and value in YAML_NULLS:
+            nested: Any = None
+            for part in reversed(key.removeprefix("init_args.").split(".")):
+                nested = {part: nested}
+            out.append("--data=" + json.dumps({"init_args": nested}))
+        else:
+            out.append(arg)
+            taken = 1
+        i += taken
+    return out
+
+
 def ours_first(config: Namespace) -> Namespace:
     """`config` with the model, the data and the run's settings before Lightning's, as
     `--print_config` shows them (the trainer's loggers and callbacks alone run to ~140 lines)."""
@@ -166,7 +200,7 @@ class MiniGPTCLI(LightningCLI):
         args, topic = help_topic([arg for arg in args if arg != "--print_config"])
         if isinstance(parser, TrainParser):
             parser.help_topic = topic
-        self._args = args
+        self._args = data_nulls_as_dicts(args)
         super().parse_arguments(parser, self._args)
         self.weights_tokenizer: dict[str, Any] | None = None
         """The tokenizer spec of the weights `model.init_from` names."""

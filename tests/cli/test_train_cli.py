@@ -94,6 +94,19 @@ def test_overrides_after_the_config_win() -> None:
     assert cli.trainer.max_steps == 7
 
 
+@pytest.mark.parametrize("form", ["spaced", "joined"])
+def test_a_data_setting_can_be_set_to_null(form: str) -> None:
+    # The data module is a subclass setting: jsonargparse passed a nested null on as "None".
+    option = ["--data.config.max_tokens", "null"]
+    args = option if form == "spaced" else ["=".join(option)]
+    cli = parse(
+        "--config", "tiny.yaml", "--data.config.max_tokens", "500", *args, "--data.config.batch_size", "3"
+    )  # fmt: skip
+    assert cli.datamodule.config.max_tokens is None
+    assert cli.datamodule.config.batch_size == 3
+    assert cli.datamodule.config.source == parse("--config", "tiny.yaml").datamodule.config.source
+
+
 def test_print_config_shows_every_section(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         train_main(["--config", "tiny.yaml", "--print_config"])
