@@ -73,19 +73,22 @@ def report(err: BaseException) -> int:
     return 2
 
 
-def options_parser(prog: str, description: str, *option_classes: type, **defaults: Any) -> ArgumentParser:
+def options_parser(
+    prog: str, description: str, *option_classes: type, skip: frozenset[str] = frozenset(), **defaults: Any
+) -> ArgumentParser:
     """A parser whose options are the fields of `option_classes` (dataclasses), at the top level.
 
     Each option's help is its field's docstring. A bool field becomes a flag pair (`--force` /
-    `--no_force`), as people expect of a command line. `defaults` override the classes' own
+    `--no_force`), as people expect of a command line. Fields named in `skip` are no options of
+    this command (`build` gives them their defaults). `defaults` override the classes' own
     defaults for this command. `--config file.yaml` reads any of the options from a file.
     """
     set_parsing_settings(docstring_parse_attribute_docstrings=True)  # field docstrings become --help
     parser = ArgumentParser(prog=prog, description=description, exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile, help="Read options from this YAML file.")
     for cls in option_classes:
-        flags = {f.name for f in dataclasses.fields(cls) if f.type in (bool, "bool")}
-        parser.add_class_arguments(cls, nested_key=None, as_group=False, skip=flags)
+        flags = {f.name for f in dataclasses.fields(cls) if f.type in (bool, "bool")} - skip
+        parser.add_class_arguments(cls, nested_key=None, as_group=False, skip=flags | skip)
         docs = {p.arg_name: p.description for p in docstring_parser.parse_from_object(cls).params}
         for field in dataclasses.fields(cls):
             if field.name in flags:
@@ -106,5 +109,7 @@ def parse_options(parser: ArgumentParser, argv: Sequence[str] | None, *option_cl
 
 
 def build(cls: Callable[..., T], namespace: Namespace) -> T:
-    """An instance of the dataclass `cls` from the same-named values of `namespace`."""
-    return cls(**{f.name: namespace[f.name] for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+    """An instance of the dataclass `cls` from the same-named values of `namespace`; a field the
+    namespace lacks (skipped by `options_parser`) keeps its default."""
+    fields = [f.name for f in dataclasses.fields(cls) if f.name in namespace]  # type: ignore[arg-type]
+    return cls(**{name: namespace[name] for name in fields})

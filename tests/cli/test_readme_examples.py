@@ -53,7 +53,17 @@ GUIDES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 
 TEXT = "\n".join(path.read_text() for path in GUIDES)
 
-ENTRY_POINTS = ("train", "generate", "evaluate", "export", "visualize", "report", "serve", "train_tokenizer")
+ENTRY_POINTS = (
+    "train",
+    "generate",
+    "chat",
+    "evaluate",
+    "export",
+    "visualize",
+    "report",
+    "serve",
+    "train_tokenizer",
+)
 """The scripts at the repository root; `<name>.py` runs `minigpt.cli.<name>.<name>_main`."""
 
 GPT2_124M = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768, "n_layer": 12}

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-READERS = ["generate", "export", "visualize", "report", "evaluate", "serve", "train_tokenizer"]
+READERS = ["generate", "chat", "export", "visualize", "report", "evaluate", "serve", "train_tokenizer"]
 """The commands that need no Lightning."""
 HEAVY = [
     "lightning",  # ~4 s with torchmetrics: training only
