@@ -5,8 +5,10 @@ A model GPT-2 can compute is written in GPT-2's layout, which `GPT2LMHeadModel` 
 code (`hf_remote.py`), loaded with `trust_remote_code=True`. The tokenizer goes beside it: GPT-2's
 as its `vocab.json` and `merges.txt`, another as the `tokenizer.json` its
 `hf_tokenizer_json()` gives, when it gives one, with our own spec (`minigpt_tokenizer.json`)
-from which minigpt rebuilds it exactly. All files appear at once: the folder is built beside its
-place and renamed. Nothing here imports transformers.
+from which minigpt rebuilds it exactly. A tokenizer with the chat markers (a fine-tune on
+conversations) brings the chat template, and generation stops at the end marker. All files
+appear at once: the folder is built beside its place and renamed. Nothing here imports
+transformers.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from safetensors.torch import save_file
 
 from minigpt.data import Tokenizer
 from minigpt.data.gpt2_encoding import ENDOFTEXT
-from minigpt.data.tokenizer.gpt2 import GPT2Tokenizer
+from minigpt.data.tokenizer import ChatTokenizer, GPT2Tokenizer
 from minigpt.model import GPT, GPTConfig
 
 from .convert import to_hf_gpt2
 from .errors import CheckpointError
 from .hf_remote import remote_code_config, to_remote_state, write_remote_code
-from .hf_tokenizer import write_gpt2_vocabulary
+from .hf_tokenizer import chat_settings, write_gpt2_vocabulary
 from .huggingface import CONFIG_FILE, SAFETENSORS_FILE, TOKENIZER_JSON, TOKENIZER_SPEC_FILE
 
 EXPORTED_ACTIVATION = {"tanh": "gelu_new", "none": "gelu"}
@@ -74,6 +76,16 @@ def gpt2_config(config: GPTConfig, eot_id: int | None) -> dict[str, Any]:
     }
 
 
+def generation_config(tokenizer: Tokenizer) -> dict[str, Any]:
+    """`generation_config.json`: generation ends at end-of-text and, for a chat model, at the
+    end of its turn (first, so transformers pads with it)."""
+    eot = tokenizer.eot_id
+    if not isinstance(tokenizer, ChatTokenizer):
+        return {"bos_token_id": eot, "eos_token_id": eot}
+    ends = [tokenizer.end_id] + ([eot] if eot is not None else [])
+    return {"bos_token_id": eot, "eos_token_id": ends}
+
+
 def _write_json(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
 
@@ -105,7 +117,15 @@ def write_tokenizer(tokenizer: Tokenizer, folder: Path, context_length: int) -> 
             "vocabulary for minigpt's tools"
         )
     (folder / TOKENIZER_JSON).write_text(hf_json, encoding="utf-8")
+    chat = isinstance(tokenizer, ChatTokenizer)
+    if chat:
+        settings |= chat_settings(tokenizer)
     _write_json(folder / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast"} | settings)
+    if chat:
+        return (
+            f"tokenizer: {tokenizer.name!r} with the chat markers as {TOKENIZER_JSON}, and the chat "
+            "template, for transformers.AutoTokenizer and its apply_chat_template"
+        )
     return f"tokenizer: {tokenizer.name!r} as {TOKENIZER_JSON}, for transformers.AutoTokenizer"
 
 
@@ -135,8 +155,7 @@ def save_huggingface(model: GPT, tokenizer: Tokenizer, folder: str | Path, *, re
         state = {key: value.detach().cpu().contiguous() for key, value in state.items()}
         save_file(state, staging / SAFETENSORS_FILE, {"format": "pt"})
         _write_json(staging / CONFIG_FILE, hf_config | {"dtype": _dtype_name(state)})
-        eot = tokenizer.eot_id
-        _write_json(staging / "generation_config.json", {"bos_token_id": eot, "eos_token_id": eot})
+        _write_json(staging / "generation_config.json", generation_config(tokenizer))
         note = write_tokenizer(tokenizer, staging, config.context_length)
         if folder.exists():
             if not replace:

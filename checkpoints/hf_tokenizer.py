@@ -4,6 +4,7 @@ tiktoken describes a byte-pair vocabulary by its tokens' bytes in merge order (a
 its id); Hugging Face's GPT-2 tokenizer by a token -> id map and the list of merges, with every
 byte written as a printable character. The two carry the same information (see
 `minigpt.data.tokenizer.hf_json`, which also writes other vocabularies as `tokenizer.json`).
+A tokenizer with the chat markers also gets the chat template, in the form transformers renders.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from minigpt.data.chat import CHAT_TEMPLATE
 from minigpt.data.gpt2_encoding import ENDOFTEXT, ENDOFTEXT_ID, N_VOCAB, R50K_SHA256
+from minigpt.data.tokenizer import ChatTokenizer
 from minigpt.data.tokenizer.hf_json import as_text, bpe_merges, byte_to_char
 
 from .errors import CheckpointError
@@ -32,6 +37,25 @@ def write_gpt2_vocabulary(tokens: list[bytes], folder: Path) -> list[str]:
     (folder / VOCAB_FILE).write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (folder / MERGES_FILE).write_text("\n".join(merges) + "\n", encoding="utf-8")
     return [VOCAB_FILE, MERGES_FILE]
+
+
+def chat_template_with_markers(markers: Mapping[str, str], template: str | None = None) -> str:
+    """The chat template (by default the one training and the server read) that sets its
+    `chat_tokens` to `markers` itself: transformers renders a template with the messages alone."""
+    source = CHAT_TEMPLATE.read_text(encoding="utf-8") if template is None else template
+    return "{%- set chat_tokens = " + json.dumps(dict(markers)) + " -%}\n" + source
+
+
+def chat_settings(tokenizer: ChatTokenizer) -> dict[str, Any]:
+    """`tokenizer_config.json`'s settings for a tokenizer with the chat markers: the template,
+    which `apply_chat_template` renders and encodes to the ids `minigpt.data.chat.ChatEncoder`
+    gives, and the end marker as the token that ends a reply."""
+    return {
+        "eos_token": tokenizer.markers["end"],
+        # The rendered template is encoded as one text, so its markers must read as markers.
+        "split_special_tokens": False,
+        "chat_template": chat_template_with_markers(tokenizer.markers),
+    }
 
 
 def gpt2_ranks_from_vocabulary(path: Path) -> bytes:

@@ -125,8 +125,28 @@ class ChatTokenizer:
         return lengths
 
     def hf_tokenizer_json(self) -> str | None:
-        """None: an exported folder does not carry the markers yet."""
-        return None
+        """The base's ``tokenizer.json`` with the markers added as special tokens at their ids; None
+        when the base has no such file, or its file gives ids from ``base.n_vocab`` on to tokens of
+        its own (the first ``gpt2-compact``), so the markers cannot have theirs.
+
+        transformers reads a special token's spelling anywhere in a text as that token, unless told
+        to read the messages' text as text (``apply_chat_template(..., sanitize_control_tokens=True)``
+        in recent versions); :meth:`encode` reads it as text always.
+        """
+        base_json = self.base.hf_tokenizer_json() if hasattr(self.base, "hf_tokenizer_json") else None
+        if base_json is None:
+            return None
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as HFTokenizer
+
+        tokenizer = HFTokenizer.from_str(base_json)
+        # `tokenizers` numbers a new token after every id it has: in id order, each gets its own.
+        added = [self.spelling_of[i] for i in sorted(self.spelling_of) if i >= self.base.n_vocab]
+        tokenizer.add_special_tokens([AddedToken(marker, special=True, normalized=False) for marker in added])
+        numbered = {spelling: tokenizer.token_to_id(spelling) for spelling in self.spelling_of.values()}
+        if numbered != {spelling: i for i, spelling in self.spelling_of.items()}:
+            return None
+        return tokenizer.to_str()
 
 
 def with_chat_tokens(tokenizer: Tokenizer, markers: Mapping[str, str] = CHAT_TOKENS) -> ChatTokenizer:

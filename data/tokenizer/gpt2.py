@@ -11,7 +11,7 @@ import numpy as np
 import tiktoken
 
 from ..errors import DataError
-from ..gpt2_encoding import N_VOCAB, R50K_SHA256, load_gpt2_encoding
+from ..gpt2_encoding import ENDOFTEXT, N_VOCAB, R50K_SHA256, load_gpt2_encoding
 from .base import BaseTokenizer, available_cores
 from .registry import register_tokenizer
 
@@ -123,6 +123,14 @@ class GPT2Tokenizer(BaseTokenizer):
         """The bytes of every ordinary token, indexed by id: the ids below ``<|endoftext|>``'s. An
         id is also its rank in the merge order, so this is the whole byte-pair vocabulary."""
         return [self._encoding.decode_single_token_bytes(i) for i in range(self.eot_id)]
+
+    def hf_tokenizer_json(self) -> str:
+        """GPT-2's BPE as a ``tokenizer.json``, ``<|endoftext|>`` its special token. Export writes
+        GPT-2's own ``vocab.json`` and ``merges.txt`` for this tokenizer; one built on it (with the
+        chat markers) writes this file with its tokens added."""
+        from .hf_json import byte_level_bpe_json  # hf_json imports this module
+
+        return byte_level_bpe_json(self.token_bytes(), range(self.eot_id), {ENDOFTEXT: self.eot_id})
 
     def byte_lengths(self) -> np.ndarray:
         """Bytes per id: each BPE token's bytes (part of a character, for some), 0 for end-of-text."""
