@@ -18,6 +18,34 @@ def from_lightning(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return {key[n:]: value for key, value in state_dict.items() if key.startswith(LIGHTNING_PREFIX)}
 
 
+LORA_KEY = "minigpt_lora"
+"""Checkpoint key of a LoRA run's adapter settings (`LoRAConfig` as a dict). Its state dict holds
+each adapted layer as peft wraps it: `<layer>.base_layer.*`, `<layer>.lora_A.default.weight`
+(rank, in) and `<layer>.lora_B.default.weight` (out, rank)."""
+LORA_ADAPTER = "default"
+"""The name peft gives an adapter when none is chosen, which is part of the adapters' keys."""
+
+
+def merge_lora(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """`GPT`'s state dict from a LoRA run's: each adapted layer's weight W becomes
+    W + scale * B A, the function its adapter computes (peft's `merge`), and the adapters go.
+
+    Written here rather than called through peft, which imports transformers: this package
+    imports neither, so generate.py and export.py read a LoRA run as any other.
+    """
+    merged = {}
+    for key, value in state.items():
+        layer, wrapped, name = key.partition(".base_layer.")
+        if ".lora_A." in key or ".lora_B." in key:
+            continue
+        if wrapped and name == "weight":
+            a = state[f"{layer}.lora_A.{LORA_ADAPTER}.weight"]
+            b = state[f"{layer}.lora_B.{LORA_ADAPTER}.weight"]
+            value = value + (scale * (b.float() @ a.float())).to(value.dtype)
+        merged[f"{layer}.{name}" if wrapped else key] = value
+    return merged
+
+
 HF_PREFIX = "transformer."
 """`GPT2LMHeadModel` holds the network as `self.transformer`; a bare `GPT2Model` has no prefix."""
 

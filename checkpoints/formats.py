@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model as load_safetensors_into
 from torch import nn
 
-from .convert import from_lightning
+from .convert import LORA_KEY, from_lightning, merge_lora
 from .description import MODEL_KEY, read_description
 from .errors import CheckpointError
 from .huggingface import HUB_NAME, fetch_from_hub, hf_weights_loader, is_gpt2_folder, read_hf_description
@@ -57,6 +57,7 @@ def check_readable(path: Path) -> None:
 
 class LightningCheckpoint:
     """A `.ckpt` file that training wrote: Lightning's dict with our description under MODEL_KEY.
+    A LoRA run's reads as its merged model (`merge_lora`).
 
     Read with `torch.load(weights_only=True)`: a file is untrusted input, and full unpickling
     would run whatever code it names.
@@ -75,6 +76,9 @@ class LightningCheckpoint:
         if not isinstance(checkpoint, dict) or MODEL_KEY not in checkpoint or "state_dict" not in checkpoint:
             raise CheckpointError(f"{path} is not a minigpt checkpoint")
         state = from_lightning(checkpoint["state_dict"])
+        if LORA_KEY in checkpoint:  # a LoRA run: the model it trained is the merged one
+            lora = checkpoint[LORA_KEY]
+            state = merge_lora(state, lora["alpha"] / lora["rank"])
         return ModelFile(path, checkpoint[MODEL_KEY], lambda model: model.load_state_dict(state))
 
 

@@ -288,6 +288,11 @@ class MiniGPTCLI(LightningCLI):
                     "model.optim.optimizer muon orthogonalises whole weight matrices, which FSDP shards "
                     "over the processes: use adamw with FSDP, or DDP with muon"
                 )
+            if self.model.lora is not None:
+                raise UsageError(
+                    "model.lora trains on one device or with DDP: FSDP's sharded checkpoints are "
+                    "neither merged nor written as adapters"
+                )
         if isinstance(self.datamodule, ChatDataModule):
             if self.weights_tokenizer is None:
                 raise UsageError(

@@ -127,11 +127,12 @@ class MultiHeadAttention(nn.Module):
         copies the weights, which costs more than it saves when decoding one token at a time, so
         inference runs the three layers as they are. Queries and keys stay together so QK-norm
         and the rotation each run once over both: at small shapes the number of elementwise
-        calls, not their arithmetic, is what they cost.
+        calls, not their arithmetic, is what they cost. A layer that an adapter wraps (LoRA)
+        computes more than its weight, so then the three run as they are in training too.
         """
         b, t, _ = x.shape
         layers = (self.W_query, self.W_key, self.W_value)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and all(type(layer) is nn.Linear for layer in layers):
             weight = torch.cat([layer.weight for layer in layers])
             bias = None if self.W_query.bias is None else torch.cat([layer.bias for layer in layers])
             projected = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, self.head_dim)

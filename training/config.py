@@ -1,4 +1,4 @@
-"""Typed configuration of what happens around the model: optimisation and samples."""
+"""Typed configuration of what happens around the model: optimisation, LoRA and samples."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from minigpt.model import ConfigError, check_sampling
 from .muon import NS_COEFFICIENTS, NS_NORMS
 
 OPTIMIZERS = ("adamw", "muon")
+LORA_TARGETS = ("W_query", "W_key", "W_value", "out_proj", "c_fc", "c_proj")
+"""The layers LoRA may adapt, by their names in every block (`minigpt.model`): the attention's
+query, key, value and output projections, and the MLP's two layers."""
 SCHEDULES = ("cosine", "wsd")
 
 
@@ -37,7 +40,8 @@ class OptimConfig:
     """Use PyTorch's fused AdamW kernel where the device supports it (much faster on CPU and CUDA)."""
     optimizer: str = "adamw"
     """"adamw" for every parameter, or "muon": `torch.optim.Muon` (momentum orthogonalised by
-    Newton-Schulz) for the blocks' weight matrices, AdamW (`lr`) for embeddings, head, gains and biases."""
+    Newton-Schulz) for the blocks' weight matrices, AdamW (`lr`) for embeddings, head, gains and biases.
+    LoRA's adapters train with AdamW either way (`model.lora`)."""
     embedding_lr: float | None = None
     """AdamW's peak learning rate for the embedding tables (tokens, and positions where learned),
     scheduled like `lr`; None: `lr`. With tied weights the token table is also the head."""
@@ -115,6 +119,45 @@ class OptimConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"optim {name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class LoRAConfig:
+    """Low-rank adapters (LoRA, Hu et al. 2021), added through `peft`: each target layer's weight W
+    stays frozen and learns W + (alpha / rank) B A instead, with A (rank x in) random and B
+    (out x rank) zero at the start, so the fine-tune starts from the weights' own function. Only
+    A and B train; everything else is frozen, the embedding too. The finished run's weights are
+    the merged W + (alpha / rank) B A: a plain model to generate with and export."""
+
+    rank: int = 8
+    """Rank of each adapter, the inner size of B A (litgpt's default, 8)."""
+    alpha: float = 16.0
+    """Scale of the adapters' update: B A is multiplied by alpha / rank, so a run may change the
+    rank without retuning its learning rate."""
+    dropout: float = 0.05
+    """Dropout on the adapters' input (the frozen layer's path has none of its own)."""
+    targets: tuple[str, ...] = ("W_query", "W_value")
+    """The layers to adapt, by name, in every block: W_query, W_key, W_value (the attention's
+    query, key and value projections), out_proj (its output projection), c_fc and c_proj (the
+    MLP's). The default is litgpt's, query and value. Our query, key and value projections are
+    three layers, as GPT-2's fused c_attn splits into, so each may be chosen alone; a training
+    step stacks the three into one product only while none of them has an adapter."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ConfigError(f"model lora rank must be at least 1, got {self.rank}")
+        if not self.alpha > 0:
+            raise ConfigError(f"model lora alpha must be positive, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"model lora dropout must be in [0, 1), got {self.dropout}")
+        if not self.targets:
+            raise ConfigError(f"model lora targets must name at least one of {', '.join(LORA_TARGETS)}")
+        for target in self.targets:
+            if target not in LORA_TARGETS:
+                raise ConfigError(
+                    f"model lora targets: no layer {target!r} in a block; "
+                    f"the layers are {', '.join(LORA_TARGETS)}"
+                )
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from minigpt.model.gpt import parameter_count
 
 from .flops import training_flops_per_token
 from .loggers import WandbLogger, step_logs_written
+from .lora import ADAPTER_FOLDER
 from .muon import NS_COEFFICIENTS, ns_schedule
 from .precision import cpu_description
 from .throughput import tokens_per_step
@@ -201,6 +202,24 @@ def _per_head(muon: Any, pl_module: L.LightningModule) -> str:
     return ", " + (", ".join(cut[:-1]) + " and " + cut[-1] if len(cut) > 1 else cut[0]) + " per head"
 
 
+def _training_line(pl_module: L.LightningModule, params: int) -> str:
+    """How many of the parameters train: all of them, or LoRA's adapters (`model.lora`)."""
+    lora = getattr(pl_module, "lora", None)
+    if lora is None:  # counted from the shape: under FSDP this rank holds a shard of each
+        return f"training: all {params:,} parameters"
+    trainable = frozen = 0
+    for parameter in pl_module.model.parameters():  # tied weights appear once
+        if parameter.requires_grad:
+            trainable += parameter.numel()
+        else:
+            frozen += parameter.numel()
+    total = trainable + frozen
+    return (
+        f"training: {trainable:,} of {total:,} parameters ({trainable / total:.2%}), LoRA of rank "
+        f"{lora.rank} on {', '.join(lora.targets)}; the rest frozen"
+    )
+
+
 def _data_summary(data: L.LightningDataModule) -> tuple[int, str]:
     """The training tokens and what the data is: a data module that says so itself (the chat
     data's `summary`), or the prepared text of a TextDataModule."""
@@ -216,13 +235,13 @@ def _data_summary(data: L.LightningDataModule) -> tuple[int, str]:
 class RunSummary(L.Callback):
     """Prints what the run is about to do before its first step, and what it did after its last.
 
-    Before: the model (shape, parameters), the data (tokens per split), the steps (tokens per
-    step and in all, passes over the training tokens), the compute (FLOPs per token, the precision
-    and the device), where the files go and where wandb's run is; on a GPU, a tip to compile a
-    recipe with RoPE or QK-norm that runs eager.
+    Before: the model (shape, parameters, how many of them train), the data (tokens per split),
+    the steps (tokens per step and in all, passes over the training tokens), the compute (FLOPs
+    per token, the precision and the device), where the files go and where wandb's run is; on a
+    GPU, a tip to compile a recipe with RoPE or QK-norm that runs eager.
     After: steps, tokens and wall time, the best validation loss with its bits per byte, where
-    the best checkpoint and the report are, and what evaluating tasks during training cost
-    (`EvaluateTasks`).
+    the best checkpoint, a LoRA run's adapters and the report are, and what evaluating tasks
+    during training cost (`EvaluateTasks`).
     """
 
     def __init__(self) -> None:
@@ -256,6 +275,7 @@ class RunSummary(L.Callback):
                 if getattr(pl_module, "init_from", None)
                 else ""
             ),
+            _training_line(pl_module, params),
             f"data: {data_line}",
             f"steps: {trainer.global_step:,} done, {steps:,} in all, global batch {self._tokens_per_step:,} "
             f"tokens (micro-batch {data.config.batch_size} x {data.context_length} tokens x "
@@ -293,6 +313,8 @@ class RunSummary(L.Callback):
             parts.append(
                 f"task evaluation {duration(tasks.seconds_spent)} over {tasks.runs} validation{plural}"
             )
+        if getattr(pl_module, "lora", None) is not None:
+            parts.append(f"adapters {Path(trainer.default_root_dir) / ADAPTER_FOLDER}")
         report = Path(trainer.default_root_dir) / "report.html"
         if report.is_file():
             parts.append(f"report {report}")

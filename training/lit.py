@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import asdict, replace
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -19,16 +20,19 @@ from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from minigpt.checkpoints import MODEL_KEY, CheckpointError, describe
+from minigpt.checkpoints import MODEL_KEY, CheckpointError, describe, resolve_checkpoint
+from minigpt.checkpoints.convert import LORA_KEY, from_lightning
 from minigpt.checkpoints.description import FUNCTION_SETTINGS, PARAMETER_SETTINGS, with_legacy_settings
+from minigpt.checkpoints.pickled import load_tensors_only
 from minigpt.checkpoints.pretrained import load_pretrained, open_pretrained
 from minigpt.evaluation.metrics import BitsPerByte
 from minigpt.model import GPT, ConfigError, GPTConfig
 from minigpt.model.vocab import add_token_rows
 
-from .config import OptimConfig
+from .config import LoRAConfig, OptimConfig
 from .lightning_internals import attached_trainer, keep_stopped_epoch_open, set_logging_step
 from .loggers import step_logs_written
+from .lora import ADAPTER_FOLDER, add_adapters, save_adapter
 from .loss import fused_linear_cross_entropy, next_token_loss, token_losses
 from .optim import build_optimizer, build_scheduler
 from .precision import fast_matmul_dtype
@@ -46,6 +50,7 @@ class LitGPT(L.LightningModule):
         fused_loss: bool = False,
         compile: bool = False,
         init_from: str | None = None,
+        lora: LoRAConfig | None = None,
     ) -> None:
         """
         Args:
@@ -63,8 +68,13 @@ class LitGPT(L.LightningModule):
                 folder in the Hugging Face layout, a hub name such as `gpt2` (fetched when a
                 network exists), a run folder or a checkpoint or safetensors file of ours. The
                 weights fix the model's shape (train.py fills `gpt` from them) and the tokenizer.
+            lora: Train low-rank adapters (LoRA, through peft) on the layers it names and
+                freeze every other parameter; null trains every parameter. The run's checkpoints
+                hold the whole network and read as the merged model; its end writes the adapters
+                alone in `<run>/adapter/` (docs/training.md, "LoRA").
         """
         super().__init__()
+        self.lora = lora
         # Plain dicts, so checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters(
             {
@@ -73,6 +83,7 @@ class LitGPT(L.LightningModule):
                 "fused_loss": fused_loss,
                 "compile": compile,
                 "init_from": init_from,
+                "lora": self._lora_settings(),
             }
         )
         self.init_from = init_from
@@ -121,6 +132,8 @@ class LitGPT(L.LightningModule):
                 add_token_rows(self.model, tokenizer.n_vocab, trained=base.n_vocab)
         elif vocab_size < tokenizer.n_vocab:  # resuming such a run: its checkpoint holds the rows
             add_token_rows(self.model, tokenizer.n_vocab, trained=base.n_vocab)
+        if self.lora is not None:  # last: it freezes what is there, the markers' rows too
+            add_adapters(self.model, self.lora)
         self.gpt_config = self.model.config
 
     def configure_optimizers(self) -> dict[str, Any]:
@@ -222,6 +235,8 @@ class LitGPT(L.LightningModule):
         # Dropout draws from torch's generator: restoring it makes a resumed run exact.
         checkpoint["torch_rng_state"] = torch.get_rng_state()
         checkpoint[ARITHMETIC_KEY] = self._arithmetic()
+        if self.lora is not None:  # how to merge the adapters (minigpt.checkpoints reads it)
+            checkpoint[LORA_KEY] = self._lora_settings()
         # A run stopped by max_steps mid-epoch resumes with the epoch's next batch.
         keep_stopped_epoch_open(self.trainer, checkpoint)
 
@@ -231,6 +246,7 @@ class LitGPT(L.LightningModule):
             raise ConfigError("checkpoint was not written by minigpt (no model description in it)")
         if saved["tokenizer"] != self.tokenizer_spec:
             raise ConfigError("checkpoint was trained with a different tokenizer than this run's data uses")
+        self._check_adapters(checkpoint.get(LORA_KEY))
         if "torch_rng_state" in checkpoint:
             torch.set_rng_state(checkpoint["torch_rng_state"])
         if self.trainer.state.fn == TrainerFn.FITTING:
@@ -246,6 +262,35 @@ class LitGPT(L.LightningModule):
                     f"checkpoint was trained with {name} {theirs.get(name)!r}; set --model.gpt.{name} "
                     f"{theirs.get(name)} to resume it"
                 )
+
+    def _lora_settings(self) -> dict[str, Any] | None:
+        return None if self.lora is None else {**asdict(self.lora), "targets": list(self.lora.targets)}
+
+    def _check_adapters(self, saved: dict[str, Any] | None) -> None:
+        """Refuse a checkpoint whose adapters (or lack of them) differ from this run's `lora`."""
+        ours = self._lora_settings()
+        keys = ("rank", "alpha", "targets")  # what decides the parameters and what they compute
+        if saved is None and ours is None:
+            return
+        if saved is None:
+            raise ConfigError("checkpoint was trained without adapters: set --model.lora null to resume it")
+        if ours is None or any(saved[key] != ours[key] for key in keys):
+            said = ", ".join(f"{key} {saved[key]}" for key in keys)
+            raise ConfigError(f"checkpoint was trained with model.lora {said}: set the same to resume it")
+
+    def on_train_end(self) -> None:
+        """A LoRA run writes its adapters alone: those of the checkpoint that loading the run
+        folder reads (its best, else its last), or the model's own where none was saved."""
+        if self.lora is None or not self.trainer.is_global_zero:
+            return
+        run = Path(self.trainer.default_root_dir)
+        try:
+            checkpoint = load_tensors_only(resolve_checkpoint(run), "cannot read the run's checkpoint")
+            state = from_lightning(checkpoint["state_dict"])
+        except CheckpointError:
+            state = self.model.state_dict()
+        # A resumed run's init_from is None (its weights come from the checkpoint); not its hparams'.
+        save_adapter(self.model, state, run / ADAPTER_FOLDER, base=self.hparams.get("init_from"))
 
     def _check_resumable(self, checkpoint: dict[str, Any]) -> None:
         """Refuse a checkpoint that cannot resume training, and say where a resume cannot be

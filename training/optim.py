@@ -12,6 +12,7 @@ from torch import nn
 from minigpt.model import MultiHeadAttention
 
 from .config import OptimConfig
+from .lora import is_adapter
 from .muon import NS_COEFFICIENTS, Muon
 
 
@@ -19,9 +20,19 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     """AdamW that decays matrices and embeddings but not biases or normalisation gains; with
     `optimizer: muon`, the blocks' weight matrices go to Muon instead (`MuonWithAdamW`), the query
     and key projections cut into heads with `muon_qk_per_head`, the value projections with
-    `muon_v_per_head`."""
+    `muon_v_per_head`. Only the parameters that train are given to it (LoRA freezes the rest).
+
+    LoRA's adapters go to AdamW with either optimizer: Muon orthogonalises the update of a
+    layer's weight, and an adapter's update is the product of two factors' (B A), which
+    orthogonalising each factor's alone does not orthogonalise; its per-shape learning rate is
+    also the layer's, not a rank-8 factor's.
+    """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights appear once
-    matrices = [p for n, p in named if config.optimizer == "muon" and _in_blocks(n) and p.dim() == 2]
+    matrices = [
+        p
+        for n, p in named
+        if config.optimizer == "muon" and _in_blocks(n) and p.dim() == 2 and not is_adapter(n)
+    ]
     chosen = {id(p) for p in matrices}
     rest = [p for _, p in named if id(p) not in chosen]
     decayed = _decayed(model)

@@ -148,6 +148,8 @@ def test_the_run_summary_says_what_will_happen_and_what_did(
         trainer = fit(tmp_path, corpus, [RunSummary()])
     text = caplog.text
     assert "model: 2 layers x 2 heads x 32 wide, context 16" in text
+    every = sum(p.numel() for p in trainer.lightning_module.model.parameters())
+    assert f"training: all {every:,} parameters" in text  # test_lora.py: a LoRA run's count
     assert (
         "6 in all, global batch 64 tokens (micro-batch 4 x 16 tokens x 1 accumulated x 1 process) "
         "= 384 tokens" in text

@@ -1,0 +1,231 @@
+"""LoRA through train.py: configs/lora.yaml on test_sft.py's tiny model and conversations. Only
+the adapters train, the run resumes bit for bit, it reads and exports as the merged model, its
+adapters are written alone, its summary counts what trains, and a bad setting is one line."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from minigpt.checkpoints import MODEL_KEY, load_model, read_description, resolve_checkpoint
+from minigpt.checkpoints.convert import LORA_KEY, from_lightning
+from minigpt.cli.export import export_main
+from minigpt.cli.train import train_main
+from minigpt.model import GPT, GPTConfig, MultiHeadAttention
+from minigpt.model.gpt import parameter_count
+from minigpt.model.vocab import add_token_rows
+from minigpt.training.config import LoRAConfig, OptimConfig
+from minigpt.training.lora import ADAPTER_FOLDER, ADAPTER_WEIGHTS, add_adapters, is_adapter, load_adapter
+from minigpt.training.optim import build_optimizer
+
+from . import test_sft
+from .test_resume import assert_identical, last_checkpoint, step_losses
+from .test_sft import BASE, sft_args
+
+files = test_sft.files
+"""test_sft.py's fixture: its tiny GPT of ours and its conversations."""
+
+TINY = GPTConfig(vocab_size=50, context_length=16, n_layer=2, n_head=2, n_embd=32)
+ADAPTERS = 2 * 2 * 2
+"""Adapter tensors of test_sft.py's model under lora.yaml: 2 blocks x (query, value) x (A, B)."""
+
+
+def lora_args(files: tuple[Path, Path], run: Path, *extra: str) -> list[str]:
+    """test_sft.py's run of sft.yaml, with lora.yaml instead."""
+    args = sft_args(files, run, *extra)
+    assert args[:2] == ["--config", "sft.yaml"]
+    return ["--config", "lora.yaml", *args[2:]]
+
+
+class Said(logging.Handler):
+    """The lines the run logs (RunSummary's among them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines += record.getMessage().splitlines()
+
+
+@pytest.fixture(scope="module")
+def straight(files: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """Six steps straight through, validated after the third and the sixth; and what it logged."""
+    folder = tmp_path_factory.mktemp("straight")
+    logger, said = logging.getLogger("minigpt"), Said()
+    level = logger.level
+    logger.addHandler(said)
+    logger.setLevel(logging.INFO)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.chdir(folder)
+            patch.setenv("WANDB_MODE", "disabled")
+            assert train_main(lora_args(files, folder / "run")) == 0
+    finally:
+        logger.removeHandler(said)
+        logger.setLevel(level)
+    return folder / "run", said.lines
+
+
+def starting_model(files: tuple[Path, Path]) -> GPT:
+    """The network the run starts from: the weights, with the chat markers' rows (the mean)."""
+    model, _ = load_model(files[0])
+    add_token_rows(model, BASE.n_vocab + 4, trained=BASE.n_vocab)
+    return model
+
+
+def test_only_the_adapters_train(files: tuple[Path, Path], straight: tuple[Path, list[str]]) -> None:
+    checkpoint = last_checkpoint(straight[0])
+    state = from_lightning(checkpoint["state_dict"])
+    start = starting_model(files).state_dict()
+    adapters = {key: value for key, value in state.items() if is_adapter(key)}
+    assert len(adapters) == ADAPTERS
+    for key, value in state.items():
+        if not is_adapter(key):  # the frozen weights, each adapted layer's under peft's `base_layer`
+            assert torch.equal(value, start[key.replace(".base_layer.", ".")]), key
+    # B starts at zero: every one has moved, so the adapters were in the training step's forward.
+    assert all(value.abs().sum() > 0 for key, value in adapters.items() if ".lora_B." in key)
+    (optimizer,) = checkpoint["optimizer_states"]
+    assert sum(len(group["params"]) for group in optimizer["param_groups"]) == ADAPTERS
+    assert len(optimizer["state"]) == ADAPTERS
+
+
+def test_the_summary_says_how_many_parameters_train(straight: tuple[Path, list[str]]) -> None:
+    run, lines = straight
+    checkpoint = last_checkpoint(run)
+    config, _ = read_description(checkpoint[MODEL_KEY], run)
+    trained = sum(v.numel() for k, v in from_lightning(checkpoint["state_dict"]).items() if is_adapter(k))
+    assert trained == 2 * 2 * 8 * (32 + 32)  # blocks x (query, value) x rank x (in + out)
+    total = parameter_count(config) + trained
+    assert (
+        f"training: {trained:,} of {total:,} parameters ({trained / total:.2%}), "
+        "LoRA of rank 8 on W_query, W_value; the rest frozen"
+    ) in lines
+    assert f"adapters {run / ADAPTER_FOLDER}" in lines[-1]
+
+
+def test_the_run_reads_and_exports_as_its_merged_model(
+    files: tuple[Path, Path], straight: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """The run folder, its export and its adapters on the starting weights all compute what peft's
+    adapted network of the run's checkpoint computes."""
+    run = straight[0]
+    path = resolve_checkpoint(run)
+    checkpoint = torch.load(path, weights_only=True)
+    config, _ = read_description(checkpoint[MODEL_KEY], path)
+    settings = checkpoint[LORA_KEY]
+    adapted = GPT(config)
+    add_adapters(adapted, LoRAConfig(**{**settings, "targets": tuple(settings["targets"])}))
+    adapted.load_state_dict(from_lightning(checkpoint["state_dict"]))
+    x = torch.randint(0, config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = adapted.eval()(x)
+
+        merged, _ = load_model(run)
+        layers = [m.W_query for m in merged.modules() if isinstance(m, MultiHeadAttention)]
+        assert layers and all(type(layer) is nn.Linear for layer in layers)
+        torch.testing.assert_close(merged(x), expected)
+
+        out = tmp_path / "merged.safetensors"
+        assert export_main(["--checkpoint", str(run), "--out", str(out)]) == 0
+        with safe_open(out, framework="pt") as f:
+            assert not [key for key in f.keys() if "lora" in key or "base_layer" in key]
+        torch.testing.assert_close(load_model(out)[0](x), expected)
+
+        assert (run / ADAPTER_FOLDER / ADAPTER_WEIGHTS).is_file()
+        alone = starting_model(files)
+        load_adapter(alone, run / ADAPTER_FOLDER)
+        torch.testing.assert_close(alone.eval()(x), expected)
+
+
+def test_a_lora_run_that_finished_trains_on_bit_exactly(
+    files: tuple[Path, Path],
+    straight: tuple[Path, list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    finished = tmp_path / "finished"
+    assert train_main(lora_args(files, finished, "--trainer.max_steps", "4")) == 0
+    assert last_checkpoint(finished)["global_step"] == 4
+    assert train_main(lora_args(files, finished, "--ckpt_path", "last")) == 0
+    assert step_losses(finished) == step_losses(straight[0])
+    a, b = last_checkpoint(finished), last_checkpoint(straight[0])
+    assert a["global_step"] == b["global_step"] == 6
+    for key in ("state_dict", "optimizer_states", "torch_rng_state"):
+        assert_identical(a[key], b[key], key)
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        (["--model.lora.rank", "0"], "error: model lora rank must be at least 1, got 0"),
+        (
+            ["--model.lora.targets", "[W_query, c_attn]"],
+            "error: model lora targets: no layer 'c_attn' in a block; "
+            "the layers are W_query, W_key, W_value, out_proj, c_fc, c_proj",
+        ),
+    ],
+    ids=["rank 0", "unknown target"],
+)
+def test_a_bad_lora_setting_is_one_line(
+    files: tuple[Path, Path],
+    setting: list[str],
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert train_main(lora_args(files, tmp_path / "run", *setting)) == 2
+    assert capsys.readouterr().err.splitlines() == [said]
+
+
+def test_resuming_with_other_adapters_is_refused_in_one_line(
+    files: tuple[Path, Path],
+    straight: tuple[Path, list[str]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    checkpoint = resolve_checkpoint(straight[0]).parent / "last.ckpt"
+    args = lora_args(files, tmp_path / "run", "--ckpt_path", str(checkpoint), "--model.lora", "null")
+    assert train_main(args) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: checkpoint was trained with model.lora rank 8, alpha 16.0, targets ['W_query', 'W_value']: "
+        "set the same to resume it"
+    )
+
+
+def test_the_adapters_train_with_adamw_whichever_optimizer() -> None:
+    """Muon would take them as the blocks' matrices; AdamW does (training/optim.py says why)."""
+    model = GPT(TINY)
+    add_adapters(model, LoRAConfig(rank=4))
+    optimizer = build_optimizer(model, OptimConfig(optimizer="muon"))
+    assert isinstance(optimizer, torch.optim.AdamW)
+    given = [p for group in optimizer.param_groups for p in group["params"]]
+    assert {id(p) for p in given} == {id(p) for n, p in model.named_parameters() if is_adapter(n)}
+
+
+def test_a_training_step_computes_through_the_adapters() -> None:
+    """With gradients on, attention stacks its three projections into one product, which would
+    leave their adapters out: with adapters it computes what inference does."""
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    add_adapters(model, LoRAConfig(rank=4, dropout=0.0, targets=("W_query", "W_key", "W_value")))
+    for name, parameter in model.named_parameters():
+        if ".lora_B." in name:
+            nn.init.normal_(parameter, std=0.5)  # B starts at zero: make the adapters count
+    x = torch.randint(0, TINY.vocab_size, (2, TINY.context_length))
+    model.eval()
+    with torch.no_grad():
+        inference = model(x)
+    torch.testing.assert_close(model(x), inference)
