@@ -59,6 +59,12 @@ class EvaluateOptions:
     """Score at most this many documents of each task (a quick look; the stderr says how quick)."""
     num_fewshot: int | None = None
     """Examples in each prompt (default: each task's own)."""
+    apply_chat_template: bool | None = None
+    """Prompt the tasks through the chat template (server/chat_template.jinja): each question a
+    user's message, each answer the assistant's reply, with the role markers of a model fine-tuned
+    on conversations, in the template's plain USER:/ASSISTANT: form for a base model. Default: on
+    for a model fine-tuned on conversations, off for a base model, so each reads prompts as it was
+    trained."""
     batch_size: int = 16
     """Sequences per forward pass."""
     bootstrap_iters: int = 100_000
@@ -161,8 +167,11 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
         if opts.tasks:
+            from minigpt.data.tokenizer import ChatTokenizer
             from minigpt.evaluation.tasks import run_tasks
 
+            chat = opts.apply_chat_template
+            chat = isinstance(tokenizer, ChatTokenizer) if chat is None else chat
             task_rows, result = run_tasks(
                 model,
                 tokenizer,
@@ -173,6 +182,7 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
                 opts.batch_size,
                 opts.bootstrap_iters,
                 opts.seed,
+                chat,
             )
             rows += task_rows
             settings["tasks"] = {
@@ -184,6 +194,7 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
                 "batch_size": opts.batch_size,
                 "bootstrap_iters": opts.bootstrap_iters,
                 "seed": opts.seed,
+                "apply_chat_template": chat,
             }
         settings["model"] = {"file": str(model_file), "tokenizer": tokenizer.name, **asdict(model.config)}
         settings["device"] = str(device)

@@ -91,8 +91,10 @@ def run_tasks(
     batch_size: int = 16,
     bootstrap_iters: int = 100_000,
     seed: int = 1234,
+    apply_chat_template: bool | None = None,
 ) -> tuple[list[Score], dict[str, Any]]:
     """Score `model` on lm-eval `tasks`: the rows, and lm-eval's whole result (configs, versions).
+    `apply_chat_template` as :func:`evaluate_lm`.
 
     Raises:
         UsageError: Unknown task, or lm-eval missing.
@@ -102,7 +104,8 @@ def run_tasks(
     from .harness import MiniGPTLM
 
     lm = MiniGPTLM(model, tokenizer, batch_size=batch_size)
-    result = evaluate_lm(lm, load_tasks(manager, tasks), limit, num_fewshot, bootstrap_iters, seed)
+    loaded = load_tasks(manager, tasks)
+    result = evaluate_lm(lm, loaded, limit, num_fewshot, bootstrap_iters, seed, apply_chat_template)
     return scores(result), result
 
 
@@ -182,10 +185,16 @@ def evaluate_lm(
     num_fewshot: int | None = None,
     bootstrap_iters: int = 100_000,
     seed: int = 1234,
+    apply_chat_template: bool | None = None,
 ) -> dict[str, Any]:
     """lm-eval's `evaluate` on loaded tasks, set up as its `simple_evaluate` sets them up (few-shot
     count and seed, the random generators), without the environment survey it adds (pip, git and
-    GPU probes in subprocesses): our JSON records the versions that matter instead."""
+    GPU probes in subprocesses): our JSON records the versions that matter instead.
+
+    `apply_chat_template`: each prompt a user's message through the chat template, the answer the
+    assistant's reply (lm-eval's option of that name); None: for a model fine-tuned on
+    conversations alone (`MiniGPTLM.has_chat_markers`), so each model reads prompts in the form it
+    was trained on."""
     import random
 
     import numpy as np
@@ -202,7 +211,16 @@ def evaluate_lm(
             task.set_config(key="num_fewshot", value=0)
         task.set_fewshot_seed(seed=seed)
     logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its per-request INFO lines drown the table
-    return evaluate(lm=lm, task_dict=loaded, limit=limit, bootstrap_iters=bootstrap_iters, log_samples=False)
+    if apply_chat_template is None:
+        apply_chat_template = bool(getattr(lm, "has_chat_markers", False))
+    return evaluate(
+        lm=lm,
+        task_dict=loaded,
+        limit=limit,
+        bootstrap_iters=bootstrap_iters,
+        log_samples=False,
+        apply_chat_template=apply_chat_template,
+    )
 
 
 def scores(result: dict[str, Any]) -> list[Score]:

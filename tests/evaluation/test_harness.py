@@ -145,3 +145,28 @@ def test_a_char_model_without_end_of_text_conditions_on_a_line_break() -> None:
     assert lm.prefix_token_id == tokenizer.encode("\n")[0]
     with pytest.raises(DataError, match="'z'"):
         lm.loglikelihood([Instance("loglikelihood", {}, ("ab", "z"), 0)])
+
+
+def test_a_chat_prompt_is_continued_until_the_end_of_the_assistants_turn() -> None:
+    import torch
+
+    from minigpt.data import CharTokenizer
+    from minigpt.data.chat import ChatEncoder
+    from minigpt.data.tokenizer import with_chat_tokens
+
+    tokenizer = with_chat_tokens(CharTokenizer.from_texts(["Who are you?\n"]))
+    model = bigram_model(tokenizer.n_vocab)
+    with torch.no_grad():  # every position sees one vector (of zero mean, which normalising keeps)
+        wte = model.transformer.wte.weight
+        wte.copy_(torch.tensor([1.0, -1.0]).repeat(wte.shape[1] // 2))
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[tokenizer.end_id] = wte[0]  # and the end marker is its likeliest next id
+    lm = MiniGPTLM(model, tokenizer)
+    message = [{"role": "user", "content": "Who are you?"}]
+    prompt = lm.apply_chat_template(message)
+    assert lm._encode_pair(prompt, "")[0] == ChatEncoder(tokenizer).prompt_ids(message)
+    settings = {"until": ["\n\n"], "max_gen_toks": 4, "do_sample": False}
+    # The reply ends at its first id, the end marker; after a plain prompt the marker is text.
+    assert lm.generate_until([Instance("generate_until", {}, (prompt, dict(settings)), 0)]) == [""]
+    plain = lm.generate_until([Instance("generate_until", {}, ("Who are you?", dict(settings)), 0)])
+    assert plain == ["<|end|>" * 4]
