@@ -63,6 +63,7 @@ ENTRY_POINTS = (
     "report",
     "serve",
     "train_tokenizer",
+    "play_questions",
 )
 """The scripts at the repository root; `<name>.py` runs `minigpt.cli.<name>.<name>_main`."""
 

@@ -1,0 +1,40 @@
+"""A stand-in for the built-in corpus: the 38 plays' openings, each followed by made-up speeches."""
+
+from __future__ import annotations
+
+from minigpt.data.play_questions import PLAYS
+
+SPEAKERS = {
+    "ANNA": 40,
+    "BERT": 20,
+    "CLARA": 12,
+    "DORA": 12,
+    "EDGAR": 12,
+    "KING": 12,
+    "KING HENRY": 12,  # KING is a prefix of it: never both among one question's choices
+    "ALL": 12,  # several characters at once: never a choice
+    "WALK ON": 3,  # too few speeches: never a choice
+}
+"""Speeches of each speaker in every play: ANNA speaks most, as a play's busiest speaker does."""
+
+
+def speech_line(title: str, speaker: str, number: int) -> str:
+    """A line that names its play and speaker, so a test can tell where a quoted line comes from."""
+    return f"{speaker.title()} says line {number} in {title}"
+
+
+def synthetic_corpus() -> str:
+    """The plays back to back, as the built-in corpus holds them: each its opening speech, then
+    every speaker's speeches in turn, some too short to quote."""
+    plays = []
+    for title, opening in PLAYS:
+        speeches = [opening]
+        for number in range(max(SPEAKERS.values())):
+            for speaker, count in SPEAKERS.items():
+                if number < count and number % 5:
+                    line = speech_line(title, speaker, number)
+                    speeches.append(f"{speaker}:\n{line}\nAnd a second line of the speech.\n")
+                elif number < count:
+                    speeches.append(f"{speaker}:\nMy lord.\n")
+        plays.append("\n".join(speeches) + "\n")
+    return "".join(plays)
