@@ -9,7 +9,17 @@ import sys
 
 import pytest
 
-READERS = ["generate", "chat", "export", "visualize", "report", "evaluate", "serve", "train_tokenizer"]
+READERS = [
+    "generate",
+    "chat",
+    "export",
+    "visualize",
+    "report",
+    "evaluate",
+    "serve",
+    "train_tokenizer",
+    "play_questions",
+]
 """The commands that need no Lightning."""
 HEAVY = [
     "lightning",  # ~4 s with torchmetrics: training only
