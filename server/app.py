@@ -24,7 +24,7 @@ from starlette.types import Receive, Scope, Send
 from minigpt.common import one_line
 from minigpt.data import DataError
 
-from .chat import ChatTemplate
+from .chat import ChatTemplate, reads_markers
 from .engine import Engine, Sampling, Usage
 from .errors import ClientError, Unauthorized, UnknownModel
 from .protocol import ChatRequest, Common, CompletionRequest
@@ -135,6 +135,7 @@ def create_app(engine: Engine, chat: ChatTemplate, api_key: str | None = None) -
             status="ok",
             model=engine.name,
             context_length=engine.context_length,
+            chat_tuned=reads_markers(engine.tokenizer),
             running=admission.busy,
             waiting=admission.inside - admission.busy,
             max_tokens=engine.limits.max_tokens,
@@ -164,9 +165,11 @@ def create_app(engine: Engine, chat: ChatTemplate, api_key: str | None = None) -
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)], response_model=None)
     async def chat_completions(request: ChatRequest) -> JSONResponse | TurnStream:
         check_model(request)
-        ids = engine.prompt_ids(chat.render(request.conversation()))
+        prompt = chat.prompt(request.conversation(), engine.tokenizer)
+        ids = engine.prompt_ids(prompt.prompt)
         k = (request.top_logprobs or 0) if request.logprobs else None
-        sampling = request.sampling(engine.limits, request.token_budget(engine.limits), k, chat.stop)
+        budget = request.token_budget(engine.limits)
+        sampling = request.sampling(engine.limits, budget, k, prompt.stop, prompt.stop_ids)
         shape = ChatShape(engine.name, request.logprobs, ids if request.return_token_ids else None)
         return await answer(ids, sampling, shape, request)
 

@@ -1,40 +1,65 @@
-"""The chat template: how a conversation becomes the text a base model continues.
+"""The chat template: how a conversation becomes the prompt the model continues.
 
-A Jinja template, as Hugging Face's tokenizers hold theirs, rendered in Jinja's sandbox with
-`messages` (each a dict of `role` and `content`) and `add_generation_prompt`. The default,
-`chat_template.jinja` beside this file, writes each message as a speaker's turn; pass another
-file to the server to replace it. Its stop strings end the assistant's turn, since a base model
-has no end-of-turn token of its own.
+A Jinja template, as Hugging Face's tokenizers hold theirs, rendered in Jinja's sandbox by
+`minigpt.data.chat`, the code fine-tuning reads conversations with. The default,
+`chat_template.jinja` beside this file, has two forms, and the model's tokenizer picks one:
+
+- A base model: each message as a speaker's turn in plain text. The stop strings end the
+  assistant's turn, since a base model has no end-of-turn token of its own.
+- A model fine-tuned on conversations (its tokenizer a `ChatTokenizer`): each message between its
+  role's marker and the end marker. The prompt's ids are those fine-tuning trained on
+  (`ChatEncoder.prompt_ids`): the template's markers as their ids, each message's text encoded as
+  plain text, so no message can forge a turn. The assistant's turn ends at a marker's id.
+
+Pass another file to the server to replace the template.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from jinja2 import TemplateError
 
 from minigpt.common import UsageError
-from minigpt.data.chat import sandboxed_template
+from minigpt.data import DataError, Tokenizer
+from minigpt.data.chat import ChatEncoder, ChatTemplateText
+from minigpt.data.tokenizer import ChatTokenizer
 
 from .errors import RequestError
 
 DEFAULT_TEMPLATE = Path(__file__).with_name("chat_template.jinja")
-"""The plain template for base models."""
+"""The template for base and chat-tuned models alike."""
 DEFAULT_STOP = ("\n\n",)
-"""Where the default template's assistant turn ends: the blank line after a speech."""
+"""Where the default template's assistant turn ends for a base model: the blank line after a speech."""
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """What a conversation asks of the model: its prompt, and what ends the assistant's turn."""
+
+    prompt: str | list[int]
+    """The rendered text (a base model) or the token ids (a chat-tuned model)."""
+    stop: tuple[str, ...] = ()
+    """Strings that end the turn."""
+    stop_ids: tuple[int, ...] = ()
+    """Token ids that end the turn."""
 
 
 class ChatTemplate:
-    """A conversation to prompt text, and the strings that end the model's turn."""
+    """A conversation to the model's prompt, and what ends the model's turn."""
 
     def __init__(
         self, source: str, stop: tuple[str, ...] = DEFAULT_STOP, name: str = "chat template"
     ) -> None:
         try:
-            self._template = sandboxed_template(source)
-        except TemplateError as err:
-            raise UsageError(f"{name} is not a valid Jinja template: {err}") from None
+            self.text = ChatTemplateText(source, name)
+        except DataError as err:
+            raise UsageError(str(err)) from None
         self.stop = stop
+        """The stop strings of a base model's turn."""
 
     @classmethod
     def load(cls, path: str | Path | None = None, stop: tuple[str, ...] = DEFAULT_STOP) -> ChatTemplate:
@@ -46,9 +71,26 @@ class ChatTemplate:
             raise UsageError(f"cannot read the chat template {path}: {err}") from None
         return cls(source, stop, name=str(path))
 
-    def render(self, messages: list[dict[str, str]]) -> str:
-        """The prompt for `messages`, ending where the assistant's reply begins."""
+    def render(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """A base model's prompt for `messages`: the plain text, ending where the reply begins."""
         try:
-            return self._template.render(messages=messages, add_generation_prompt=True)
+            return self.text.render(messages, add_generation_prompt=True)
         except TemplateError as err:
             raise RequestError(f"the chat template cannot render these messages: {err}", "messages") from None
+
+    def prompt(self, messages: Sequence[Mapping[str, str]], tokenizer: Tokenizer) -> ChatPrompt:
+        """The prompt for `messages` in the form `tokenizer` reads: with markers for a chat-tuned
+        model, whose turn ends at any marker (it learned to end with the end marker; an answer's
+        text never holds a marker's id), plain text and the stop strings for a base model."""
+        if reads_markers(tokenizer):
+            try:
+                ids = ChatEncoder(tokenizer, self.text).prompt_ids(messages)
+            except DataError as err:
+                raise RequestError(str(err), "messages") from None
+            return ChatPrompt(ids, stop_ids=tuple(tokenizer.ids.values()))
+        return ChatPrompt(self.render(messages), stop=self.stop)
+
+
+def reads_markers(tokenizer: Tokenizer) -> TypeGuard[ChatTokenizer]:
+    """Whether the model was fine-tuned on conversations: its tokenizer has the chat markers."""
+    return isinstance(tokenizer, ChatTokenizer)

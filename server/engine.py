@@ -55,6 +55,9 @@ class Sampling:
     n: int = 1
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_ids: tuple[int, ...] = ()
+    """Token ids that end a choice besides end-of-text (a chat-tuned model's markers); like
+    end-of-text, none of them is part of the choice."""
     logprobs: int | None = None
     """Alternatives to report per token (0: only the chosen token's log-probability; None: none)."""
 
@@ -226,13 +229,14 @@ class Engine:
         prompt = torch.tensor([ids] * s.n, device=self._device)  # (n, T): the choices as one batch
         texts = [ChoiceText(self.tokenizer.decode, s.stop) for _ in range(s.n)]
         sample = dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, generator=generator)
+        ends = {self.tokenizer.eot_id, *s.stop_ids}
         for next_ids, logits in generate_steps(self.model, prompt, s.max_tokens, **sample):
             tops = self._alternatives(logits, next_ids, s.logprobs) if s.logprobs is not None else None
             step = []
             for i, token in enumerate(next_ids[:, 0].tolist()):
                 if texts[i].finish_reason is None:
                     usage.completion_tokens += 1
-                    step.append(self._advance(i, texts[i], token, tops[i] if tops else (None, ())))
+                    step.append(self._advance(i, texts[i], token, tops[i] if tops else (None, ()), ends))
             yield step
             if all(text.finish_reason is not None for text in texts):
                 return
@@ -243,11 +247,16 @@ class Engine:
         ]
 
     def _advance(
-        self, index: int, text: ChoiceText, token: int, scores: tuple[float | None, tuple]
+        self,
+        index: int,
+        text: ChoiceText,
+        token: int,
+        scores: tuple[float | None, tuple],
+        ends: set[int | None],
     ) -> ChoiceStep:
-        """One choice's step: end-of-text ends it, a stop string may; the token that ends it is
-        not part of the choice."""
-        if token == self.tokenizer.eot_id:
+        """One choice's step: one of the `ends` ids (end-of-text, the sampling's stop ids) ends it,
+        a stop string may; the token that ends it is not part of the choice."""
+        if token in ends:
             return ChoiceStep(index, text.end("stop"), None, text.finish_reason)
         piece = text.push(token)
         if text.finish_reason is not None:

@@ -65,7 +65,12 @@ class Common(Request):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
     def sampling(
-        self, limits: Limits, max_tokens: int, logprobs: int | None, extra_stops: tuple[str, ...] = ()
+        self,
+        limits: Limits,
+        max_tokens: int,
+        logprobs: int | None,
+        extra_stops: tuple[str, ...] = (),
+        stop_ids: tuple[int, ...] = (),
     ) -> Sampling:
         """The sampling this request asks for, checked against the server's `limits` (400 beyond)."""
         if max_tokens > limits.max_tokens:
@@ -93,6 +98,7 @@ class Common(Request):
             n=self.n,
             seed=self.seed,
             stop=self.stops() + extra_stops,
+            stop_ids=stop_ids,
             logprobs=logprobs,
         )
 

@@ -1,16 +1,19 @@
 """The web page in headless Chromium, as a reader uses it: type a prompt, watch the tokens come,
-hover one to see the alternatives the model weighed and what it attended to."""
+hover one to see the alternatives the model weighed and what it attended to; or chat with a model
+fine-tuned on conversations."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
 from ..training.test_train_generate import CHROMIUM
-from .conftest import NAME, Served
+from .conftest import CHAT_NAME, NAME, Served
 
 playwright = pytest.importorskip(
     "playwright.sync_api", reason="the page test drives Chromium with playwright"
@@ -18,24 +21,24 @@ playwright = pytest.importorskip(
 
 PROMPT = "ROMEO:\n"
 TOKENS, SEED, HOVERED = 16, 4, 5
-
-
-@pytest.mark.skipif(
+needs_chromium = pytest.mark.skipif(
     CHROMIUM is None, reason="no Chromium on PATH to open the page in (Debian: apt-get install chromium)"
 )
-def test_the_page_streams_tokens_and_shows_alternatives_and_attention(served: Served, tmp_path: Path) -> None:
-    api = served.client().completions.create(
-        model=NAME, prompt=PROMPT, max_tokens=TOKENS, temperature=0.8, seed=SEED, logprobs=5
-    )
+
+
+@contextmanager
+def browsing(served: Served, refused: int = 0) -> Iterator[playwright.Page]:
+    """The page in headless Chromium, ready; it must need nothing but the server and show no error
+    but the `refused` requests the server answers with a 4xx (Chromium logs each as an error)."""
+    errors: list[str] = []
     outside: list[str] = []
     with playwright.sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 800})
-        errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
         page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
 
-        def only_the_server(route: playwright.Route) -> None:  # the page must need nothing else
+        def only_the_server(route: playwright.Route) -> None:
             if route.request.url.startswith(served.url):
                 route.continue_()
             else:
@@ -45,6 +48,18 @@ def test_the_page_streams_tokens_and_shows_alternatives_and_attention(served: Se
         page.route("**/*", only_the_server)
         page.goto(served.url)
         page.wait_for_function("document.getElementById('status').textContent === 'ready'")
+        yield page
+        browser.close()
+    refusals = [e for e in errors if "the server responded with a status of 4" in e]
+    assert len(refusals) == refused and len(errors) == refused and not outside, (errors, outside)
+
+
+@needs_chromium
+def test_the_page_streams_tokens_and_shows_alternatives_and_attention(served: Served, tmp_path: Path) -> None:
+    api = served.client().completions.create(
+        model=NAME, prompt=PROMPT, max_tokens=TOKENS, temperature=0.8, seed=SEED, logprobs=5
+    )
+    with browsing(served) as page:
         page.fill("#prompt", PROMPT)
         page.fill("#max_tokens", str(TOKENS))
         page.fill("#temperature", "0.8")
@@ -75,9 +90,46 @@ def test_the_page_streams_tokens_and_shows_alternatives_and_attention(served: Se
         page.wait_for_function("document.querySelector('#heads button.on').textContent === 'head 1'")
         assert chip_weights(page) == pytest.approx(weights[0][0, 1, -1].tolist(), abs=1e-4)
         page.screenshot(path=tmp_path / "page.png")
-        browser.close()
-    assert not errors and not outside, (errors, outside)
     assert (tmp_path / "page.png").stat().st_size > 20_000
+
+
+@needs_chromium
+@pytest.mark.slow  # the model is fine-tuned by train.py first, a few seconds
+def test_the_chat_view_streams_the_answers_of_a_conversation(chat_served: Served, tmp_path: Path) -> None:
+    """Two turns in the chat view: each answer is the one the API gives for the conversation so far,
+    the system message included; reset empties the conversation, and a refused message comes back."""
+    client = chat_served.client()
+    conversation = [{"role": "system", "content": "Echo."}]
+    with browsing(chat_served, refused=1) as page:
+        page.click("#tab-chat")
+        assert page.is_visible("#chat-view") and not page.is_visible("#tokens-view")
+        assert "fine-tuned on conversations" in page.inner_text("#template-note")
+        page.fill("#system", "Echo.")
+        page.fill("#chat_temperature", "0")
+        for turn, word in enumerate(["hi", "go"], start=1):
+            page.fill("#chat-input", word)
+            page.press("#chat-input", "Enter")
+            page.wait_for_function(
+                f"document.querySelectorAll('#messages .msg.assistant:not(.pending)').length === {turn}"
+            )
+            conversation.append({"role": "user", "content": word})
+            api = client.chat.completions.create(model=CHAT_NAME, messages=conversation, temperature=0)
+            answer = api.choices[0].message.content
+            conversation.append({"role": "assistant", "content": answer})
+            texts = page.locator("#messages .msg .text").all_inner_texts()
+            assert texts == [m["content"] for m in conversation[1:]]
+            assert page.inner_text("#status").endswith("the model ended its turn")
+        page.screenshot(path=tmp_path / "chat.png")
+        page.click("#reset")
+        assert page.locator("#messages .msg").count() == 0
+        # A message the server refuses goes back to the input, and the status says why.
+        page.fill("#chat-input", "too long " * 8)
+        page.press("#chat-input", "Enter")
+        page.wait_for_selector("#status.error")
+        assert "this model's context is 64 tokens" in page.inner_text("#status")
+        assert page.input_value("#chat-input") == "too long " * 8
+        assert page.locator("#messages .msg").count() == 0
+    assert (tmp_path / "chat.png").stat().st_size > 10_000
 
 
 def chip_weights(page: object) -> list[float]:
