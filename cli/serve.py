@@ -46,10 +46,12 @@ class ServeOptions:
     max_waiting: int = 32
     """Requests waiting for a turn; when all these places are taken, more are answered 503."""
     chat_template: str | None = None
-    """A Jinja chat template file that turns messages into the prompt (default: the plain one in
-    server/chat_template.jinja, which writes each message as "ROLE:" and its text)."""
+    """A Jinja chat template file that turns messages into the prompt (default: the one in
+    server/chat_template.jinja, which writes each message as "ROLE:" and its text for a base model,
+    and between the role's markers for a model fine-tuned on conversations)."""
     chat_stop: list[str] = field(default_factory=lambda: ["\n\n"])
-    """Strings that end the assistant's turn in chat answers, besides the request's own stop."""
+    """Strings that end a base model's turn in chat answers, besides the request's own stop (a model
+    fine-tuned on conversations ends its turn with the end marker instead)."""
     api_key: str | None = None
     """Require this key (Authorization: Bearer <key>) on the API; also read from $MINIGPT_API_KEY."""
     access_log: bool = True
