@@ -6,6 +6,8 @@ one of these, and each conversion can be tested on its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 LIGHTNING_PREFIX = "model."
@@ -19,16 +21,26 @@ def from_lightning(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 LORA_KEY = "minigpt_lora"
-"""Checkpoint key of a LoRA run's adapter settings (`LoRAConfig` as a dict). Its state dict holds
-each adapted layer as peft wraps it: `<layer>.base_layer.*`, `<layer>.lora_A.default.weight`
-(rank, in) and `<layer>.lora_B.default.weight` (out, rank)."""
+"""Checkpoint key of a LoRA run's adapter settings (`LoRAConfig` as a dict, with `tokens`: the ids
+whose rows trained). Its state dict holds each adapted layer as peft wraps it:
+`<layer>.base_layer.*`, `<layer>.lora_A.default.weight` (rank, in) and
+`<layer>.lora_B.default.weight` (out, rank); and, where tokens' rows trained, each table (the
+embedding, the head) as `<table>.token_adapter.base_layer.weight` with the rows in
+`<table>.token_adapter.trainable_tokens_delta.default` (tokens, n_embd)."""
 LORA_ADAPTER = "default"
 """The name peft gives an adapter when none is chosen, which is part of the adapters' keys."""
+TOKEN_ROWS = ".trainable_tokens_delta."
+"""What the names of the trained tokens' rows hold, and no other parameter's."""
+TOKEN_TABLE = ".token_adapter"
+"""What peft puts between a table's name and its frozen `base_layer` when tokens' rows train."""
 
 
-def merge_lora(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+def merge_lora(
+    state: dict[str, torch.Tensor], scale: float, tokens: Sequence[int] = ()
+) -> dict[str, torch.Tensor]:
     """`GPT`'s state dict from a LoRA run's: each adapted layer's weight W becomes
-    W + scale * B A, the function its adapter computes (peft's `merge`), and the adapters go.
+    W + scale * B A, the function its adapter computes (peft's `merge`), each table whose
+    `tokens` trained takes their rows in place of its own, and the adapters go.
 
     Written here rather than called through peft, which imports transformers: this package
     imports neither, so generate.py and export.py read a LoRA run as any other.
@@ -36,9 +48,14 @@ def merge_lora(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.
     merged = {}
     for key, value in state.items():
         layer, wrapped, name = key.partition(".base_layer.")
-        if ".lora_A." in key or ".lora_B." in key:
+        if ".lora_A." in key or ".lora_B." in key or TOKEN_ROWS in key:
             continue
-        if wrapped and name == "weight":
+        if wrapped and layer.endswith(TOKEN_TABLE):  # a tied head holds the embedding's rows too
+            rows = state[f"{layer}{TOKEN_ROWS}{LORA_ADAPTER}"]
+            ids = torch.tensor(tokens, dtype=torch.long, device=value.device)
+            value = value.index_copy(0, ids, rows.to(value.dtype))
+            layer = layer.removesuffix(TOKEN_TABLE)
+        elif wrapped and name == "weight":
             a = state[f"{layer}.lora_A.{LORA_ADAPTER}.weight"]
             b = state[f"{layer}.lora_B.{LORA_ADAPTER}.weight"]
             value = value + (scale * (b.float() @ a.float())).to(value.dtype)

@@ -78,7 +78,7 @@ class LightningCheckpoint:
         state = from_lightning(checkpoint["state_dict"])
         if LORA_KEY in checkpoint:  # a LoRA run: the model it trained is the merged one
             lora = checkpoint[LORA_KEY]
-            state = merge_lora(state, lora["alpha"] / lora["rank"])
+            state = merge_lora(state, lora["alpha"] / lora["rank"], lora.get("tokens", ()))
         return ModelFile(path, checkpoint[MODEL_KEY], lambda model: model.load_state_dict(state))
 
 

@@ -125,9 +125,10 @@ class OptimConfig:
 class LoRAConfig:
     """Low-rank adapters (LoRA, Hu et al. 2021), added through `peft`: each target layer's weight W
     stays frozen and learns W + (alpha / rank) B A instead, with A (rank x in) random and B
-    (out x rank) zero at the start, so the fine-tune starts from the weights' own function. Only
-    A and B train; everything else is frozen, the embedding too. The finished run's weights are
-    the merged W + (alpha / rank) B A: a plain model to generate with and export."""
+    (out x rank) zero at the start, so the fine-tune starts from the weights' own function. A and
+    B train, and the rows of the tokens new to the weights (the chat markers), in the embedding
+    and an untied head; everything else is frozen. The finished run's weights are the merged
+    W + (alpha / rank) B A with those rows: a plain model to generate with and export."""
 
     rank: int = 8
     """Rank of each adapter, the inner size of B A (litgpt's default, 8)."""

@@ -20,7 +20,7 @@ from minigpt.model.gpt import parameter_count
 
 from .flops import training_flops_per_token
 from .loggers import WandbLogger, step_logs_written
-from .lora import ADAPTER_FOLDER
+from .lora import ADAPTER_FOLDER, is_token_rows
 from .muon import NS_COEFFICIENTS, ns_schedule
 from .precision import cpu_description
 from .throughput import tokens_per_step
@@ -203,21 +203,27 @@ def _per_head(muon: Any, pl_module: L.LightningModule) -> str:
 
 
 def _training_line(pl_module: L.LightningModule, params: int) -> str:
-    """How many of the parameters train: all of them, or LoRA's adapters (`model.lora`)."""
+    """How many of the parameters train: all of them, or LoRA's adapters (`model.lora`) and the
+    rows of the tokens new to the weights."""
     lora = getattr(pl_module, "lora", None)
     if lora is None:  # counted from the shape: under FSDP this rank holds a shard of each
         return f"training: all {params:,} parameters"
-    trainable = frozen = 0
-    for parameter in pl_module.model.parameters():  # tied weights appear once
-        if parameter.requires_grad:
-            trainable += parameter.numel()
-        else:
+    adapters = rows = frozen = 0
+    for name, parameter in pl_module.model.named_parameters():  # tied weights appear once
+        if not parameter.requires_grad:
             frozen += parameter.numel()
+        elif is_token_rows(name):
+            rows += parameter.numel()
+        else:
+            adapters += parameter.numel()
+    trainable = adapters + rows
     total = trainable + frozen
-    return (
-        f"training: {trainable:,} of {total:,} parameters ({trainable / total:.2%}), LoRA of rank "
-        f"{lora.rank} on {', '.join(lora.targets)}; the rest frozen"
-    )
+    counts, what = f"{adapters:,}", f"LoRA of rank {lora.rank} on {', '.join(lora.targets)}"
+    if rows:
+        tokens = len(pl_module.new_tokens)
+        counts += f" + {rows:,}"
+        what += f", and the rows of the {tokens} token{'s' * (tokens != 1)} new to the weights"
+    return f"training: {counts} of {total:,} parameters ({trainable / total:.2%}), {what}; the rest frozen"
 
 
 def _data_summary(data: L.LightningDataModule) -> tuple[int, str]:

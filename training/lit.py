@@ -68,10 +68,11 @@ class LitGPT(L.LightningModule):
                 folder in the Hugging Face layout, a hub name such as `gpt2` (fetched when a
                 network exists), a run folder or a checkpoint or safetensors file of ours. The
                 weights fix the model's shape (train.py fills `gpt` from them) and the tokenizer.
-            lora: Train low-rank adapters (LoRA, through peft) on the layers it names and
-                freeze every other parameter; null trains every parameter. The run's checkpoints
-                hold the whole network and read as the merged model; its end writes the adapters
-                alone in `<run>/adapter/` (docs/training.md, "LoRA").
+            lora: Train low-rank adapters (LoRA, through peft) on the layers it names, and the
+                rows of tokens new to the weights (the chat markers), and freeze every other
+                parameter; null trains every parameter. The run's checkpoints hold the whole
+                network and read as the merged model; its end writes the adapters alone in
+                `<run>/adapter/` (docs/training.md, "LoRA").
         """
         super().__init__()
         self.lora = lora
@@ -94,6 +95,9 @@ class LitGPT(L.LightningModule):
         self.gpt_config = gpt
         self.optim_config = optim
         self.model: GPT | None = None
+        self.new_tokens: list[int] = []
+        """Ids the weights the run started from had no rows for (the chat markers a fine-tune
+        adds): under LoRA their rows train, in the embedding and the head."""
         self.tokenizer_spec: dict[str, Any] | None = None
         self.grad_norm: torch.Tensor | None = None
         """Global gradient norm of the last optimizer step, before clipping (None without clipping)."""
@@ -119,6 +123,7 @@ class LitGPT(L.LightningModule):
         self.tokenizer_spec = tokenizer.spec()
         self._token_bytes = torch.from_numpy(tokenizer.byte_lengths())
         self.model = GPT(self.gpt_config)
+        new_tokens = list(range(base.n_vocab, tokenizer.n_vocab))
         if self.init_from is not None:
             model_file, weights, spec = open_pretrained(self.init_from)
             if spec not in (self.tokenizer_spec, base.spec()):
@@ -130,11 +135,22 @@ class LitGPT(L.LightningModule):
             load_pretrained(self.model, model_file, weights)
             if spec != self.tokenizer_spec:  # the markers are new to the weights
                 add_token_rows(self.model, tokenizer.n_vocab, trained=base.n_vocab)
+                self.new_tokens = new_tokens
         elif vocab_size < tokenizer.n_vocab:  # resuming such a run: its checkpoint holds the rows
             add_token_rows(self.model, tokenizer.n_vocab, trained=base.n_vocab)
-        if self.lora is not None:  # last: it freezes what is there, the markers' rows too
-            add_adapters(self.model, self.lora)
+            self.new_tokens = new_tokens
+        elif new_tokens and self.lora is not None and self._started_without_markers():
+            self.new_tokens = new_tokens  # resuming, from a table padded past them (GPT-2's 50304 rows)
+        if self.lora is not None:  # last: it freezes what is there, but the new tokens' rows
+            add_adapters(self.model, self.lora, self.new_tokens)
         self.gpt_config = self.model.config
+
+    def _started_without_markers(self) -> bool:
+        """Whether the weights a resumed run started from (its `init_from`, which train.py has
+        read again for their shape) lacked the chat markers, which a padded table's size cannot
+        tell."""
+        started = self.hparams.get("init_from")
+        return started is not None and open_pretrained(started)[2] != self.tokenizer_spec
 
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = build_optimizer(self.model, self.optim_config)
@@ -236,7 +252,7 @@ class LitGPT(L.LightningModule):
         checkpoint["torch_rng_state"] = torch.get_rng_state()
         checkpoint[ARITHMETIC_KEY] = self._arithmetic()
         if self.lora is not None:  # how to merge the adapters (minigpt.checkpoints reads it)
-            checkpoint[LORA_KEY] = self._lora_settings()
+            checkpoint[LORA_KEY] = {**self._lora_settings(), "tokens": self.new_tokens}
         # A run stopped by max_steps mid-epoch resumes with the epoch's next batch.
         keep_stopped_epoch_open(self.trainer, checkpoint)
 
@@ -277,6 +293,12 @@ class LitGPT(L.LightningModule):
         if ours is None or any(saved[key] != ours[key] for key in keys):
             said = ", ".join(f"{key} {saved[key]}" for key in keys)
             raise ConfigError(f"checkpoint was trained with model.lora {said}: set the same to resume it")
+        if saved.get("tokens", []) != self.new_tokens:  # the weights it started from have changed
+            raise ConfigError(
+                f"checkpoint trained the rows of tokens {saved.get('tokens', [])} and this run would train "
+                f"those of {self.new_tokens}: it cannot resume; start a new run from its weights with "
+                "--model.init_from <checkpoint>"
+            )
 
     def on_train_end(self) -> None:
         """A LoRA run writes its adapters alone: those of the checkpoint that loading the run

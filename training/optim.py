@@ -12,7 +12,7 @@ from torch import nn
 from minigpt.model import MultiHeadAttention
 
 from .config import OptimConfig
-from .lora import is_adapter
+from .lora import is_adapter, new_token_rows
 from .muon import NS_COEFFICIENTS, Muon
 
 
@@ -21,6 +21,8 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     `optimizer: muon`, the blocks' weight matrices go to Muon instead (`MuonWithAdamW`), the query
     and key projections cut into heads with `muon_qk_per_head`, the value projections with
     `muon_v_per_head`. Only the parameters that train are given to it (LoRA freezes the rest).
+    The rows LoRA trains of tokens new to the weights are their table's: decayed, and in the
+    embeddings' group where it has one.
 
     LoRA's adapters go to AdamW with either optimizer: Muon orthogonalises the update of a
     layer's weight, and an adapter's update is the product of two factors' (B A), which
@@ -35,10 +37,12 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
     ]
     chosen = {id(p) for p in matrices}
     rest = [p for _, p in named if id(p) not in chosen]
-    decayed = _decayed(model)
+    rows = new_token_rows(model)
+    decayed = _decayed(model) | rows.keys()
     tables = set()  # with its own learning rate, the embedding tables are a third group
     if config.embedding_lr is not None:
         tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+        tables |= {i for i, table in rows.items() if isinstance(table, nn.Embedding)}
     matrix_decayed = decayed - tables
     # Each group's name is its learning rate's name on the dashboards and in the CSV log
     # (LearningRateMonitor: lr-AdamW/decay, lr-MuonWithAdamW/muon, ...) rather than pg1, pg2.
