@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from minigpt.common import one_line
@@ -126,7 +127,12 @@ def read_conversations(
     Raises:
         DataError: The source cannot be found or read, or a row is not instruction or chat data.
     """
-    corpus = resolve_corpus(source, split=split, subset=subset, streaming=streaming)
+    try:
+        corpus = resolve_corpus(source, split=split, subset=subset, streaming=streaming)
+    except DataError as err:
+        if Path(source).parent.name == "play_questions" and not Path(source).exists():
+            raise DataError(f"{err}: `python play_questions.py` writes the questions on the plays") from None
+        raise
     seen = 0
     for name, rows in _tables(corpus):
         number = 0

@@ -105,3 +105,5 @@ def test_unreadable_and_unusable_sources(tmp_path: Path) -> None:
         _messages(tmp_path / "empty.jsonl")
     with pytest.raises(DataError, match="does not exist"):
         _messages(tmp_path / "missing.jsonl")
+    with pytest.raises(DataError, match=r"does not exist: `python play_questions.py` writes"):
+        _messages(tmp_path / "play_questions" / "train.jsonl")  # sft.yaml's default, not written yet
