@@ -1,12 +1,19 @@
-"""Conversations as training windows: one conversation per window, padded, loss on the assistant.
+"""Conversations as training windows, loss on the assistant: one per window, or several packed.
 
 Each conversation is encoded once (:class:`~.chat.ChatEncoder`) into ids and the mask of the ids
 the model learns to write. A window is ``(x, y)`` as :mod:`.windows` cuts them, ``y[t]`` the id
-after ``x[t]``, but holds one conversation from its first id, padded at the end; every target
-that is not an assistant's id is :data:`IGNORE_INDEX`, which cross-entropy leaves out. Padding
-after the conversation changes nothing before it: attention is causal.
+after ``x[t]``, but holds whole conversations, each from its first id, padded at the end; every
+target that is not an assistant's id is :data:`IGNORE_INDEX`, which cross-entropy leaves out.
 
-Several conversations packed into one window, each attending only to itself, are not done yet.
+:class:`ConversationWindows` puts one conversation in each window. Padding after it changes
+nothing before it: attention is causal. :class:`PackedConversationWindows` (``pack: true``) puts
+as many as fit back to back, by greedy first-fit over the conversations in an order the seed
+draws (:func:`first_fit`), once: the windows are the same in every run with the same seed, so a
+resumed run reads the same batches. A packed window is ``(x, y, segments, positions)``: each
+input's conversation within the window (0, 1, ...; the padding one more, attending to itself)
+and its place in that conversation, from 0. Given them, ``GPT.forward`` attends within each
+conversation only and places each token by its own position, so every conversation's logits
+are those it would have alone; the loss is the mean over the batch's assistant tokens either way.
 """
 
 from __future__ import annotations
@@ -53,7 +60,11 @@ class ChatDataConfig:
     """Share of the conversations held out for validation (at least one), the same ones in every
     run with the same seed."""
     batch_size: int = 8
-    """Conversations (one per window) per batch on each device."""
+    """Windows per batch on each device: a conversation each, or as many as fit with `pack`."""
+    pack: bool = True
+    """Pack several whole conversations into each window, each attending only to itself, rather
+    than one per window, padded. At a context that holds several, fewer windows cover the
+    epoch (docs/training.md, "Fine-tuning on conversations")."""
     num_workers: int = 0
     """DataLoader worker processes (0 reads in the training process)."""
     seed: int = 1337
@@ -199,3 +210,71 @@ class ConversationWindows(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         x[:n], y[:n] = ids[:-1], ids[1:]
         y[:n][~torch.from_numpy(learned[1:])] = IGNORE_INDEX
         return x, y
+
+
+def first_fit(lengths: np.ndarray, capacity: int, order: np.ndarray) -> list[list[int]]:
+    """Greedy first-fit: the items ``order`` names, in that order, each put in the first window
+    that has ``lengths[item]`` of its ``capacity`` left, a new one when none has. Returns the
+    windows in the order they were opened, each the items it holds in the order they came.
+    Every length must be at most ``capacity``."""
+    room = np.full(len(order) + 1, capacity, dtype=np.int64)  # never more windows than items
+    windows: list[list[int]] = []
+    for item in order.tolist():
+        # The first window with room; one not yet opened always has it.
+        window = int(np.argmax(room[: len(windows) + 1] >= lengths[item]))
+        if window == len(windows):
+            windows.append([])
+        windows[window].append(item)
+        room[window] -= lengths[item]
+    return windows
+
+
+class PackedConversationWindows(Dataset[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]):
+    """Window ``i`` holds whole conversations back to back, as many as :func:`first_fit` put
+    there: ``(x, y, segments, positions)``, each ``(T,)`` int64. ``x`` and ``y`` are each
+    conversation's inputs and targets as :class:`ConversationWindows` has them, one after the
+    other, then padding (``pad_id``, :data:`IGNORE_INDEX`); ``segments`` numbers the
+    conversations 0, 1, ... and the padding after them one more; ``positions`` counts from 0 in
+    each."""
+
+    def __init__(self, examples: ChatExamples, context_length: int, pad_id: int, seed: int) -> None:
+        """
+        Args:
+            examples: Conversations of at most ``context_length + 1`` ids (:func:`encode_conversations`).
+            context_length: ``T``, inputs per window.
+            pad_id: Input id after the conversations (any id: no target depends on it).
+            seed: Draws the order in which conversations are packed.
+        """
+        inputs = np.diff(examples.offsets) - 1  # inputs with a target, what a conversation takes
+        if int(inputs.max(initial=0)) > context_length:
+            raise ValueError(
+                f"a conversation of {int(inputs.max()) + 1} ids does not fit a window of {context_length}"
+            )
+        self.examples = examples
+        self.context_length = context_length
+        self.pad_id = pad_id
+        order = np.random.default_rng(seed).permutation(len(examples))
+        self.windows = first_fit(inputs, context_length, order)
+        """The conversations each window holds, in order."""
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        t = self.context_length
+        x = np.full(t, self.pad_id, dtype=np.int64)
+        y = np.full(t, IGNORE_INDEX, dtype=np.int64)
+        segments = np.empty(t, dtype=np.int64)
+        positions = np.empty(t, dtype=np.int64)
+        start = 0
+        conversations = self.windows[index]
+        for segment, conversation in enumerate(conversations):
+            ids, learned = self.examples.conversation(conversation)
+            ids = ids.astype(np.int64)
+            end = start + len(ids) - 1
+            x[start:end], y[start:end] = ids[:-1], np.where(learned[1:], ids[1:], IGNORE_INDEX)
+            segments[start:end], positions[start:end] = segment, np.arange(end - start)
+            start = end
+        # The padding is a sequence of its own: each of its inputs sees itself, and no conversation sees it.
+        segments[start:], positions[start:] = len(conversations), np.arange(t - start)
+        return tuple(torch.from_numpy(array) for array in (x, y, segments, positions))

@@ -1,4 +1,4 @@
-"""LightningDataModule that serves conversations for supervised fine-tuning, one per window."""
+"""LightningDataModule that serves conversations for supervised fine-tuning, one per window or packed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ import numpy as np
 from torch.utils.data import DataLoader, DistributedSampler
 
 from .chat import ChatEncoder
-from .chat_data import ChatDataConfig, ChatExamples, ConversationWindows, load_chat_examples
+from .chat_data import (
+    ChatDataConfig,
+    ChatExamples,
+    ConversationWindows,
+    PackedConversationWindows,
+    load_chat_examples,
+)
 from .datamodule import loader_options
 from .errors import DataError
 from .loader import ResumableLoader
@@ -28,15 +34,22 @@ def held_out(count: int, fraction: float, seed: int) -> np.ndarray:
 
 
 class ConversationSampler(DistributedSampler):
-    """One rank's share of an epoch's conversations, shuffled by ``(seed, epoch)``: rank ``r`` of
-    ``R`` takes conversations ``r, r + R, ...`` of the epoch's order, the uneven tail dropped."""
+    """One rank's share of an epoch's windows (a conversation each, or several packed), shuffled
+    by ``(seed, epoch)``: rank ``r`` of ``R`` takes windows ``r, r + R, ...`` of the epoch's
+    order, the uneven tail dropped."""
 
-    def __init__(self, windows: ConversationWindows, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+    def __init__(
+        self,
+        windows: ConversationWindows | PackedConversationWindows,
+        seed: int,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ) -> None:
         super().__init__(windows, num_replicas, rank, shuffle=True, seed=seed, drop_last=True)
         self._start = 0
 
     def start_at(self, position: int) -> None:
-        """Make the next iteration (only) begin at this rank's ``position``-th conversation."""
+        """Make the next iteration (only) begin at this rank's ``position``-th window."""
         self._start = position
 
     def __iter__(self) -> Iterator[int]:
@@ -49,7 +62,9 @@ class ConversationSampler(DistributedSampler):
 class ChatDataModule(L.LightningDataModule):
     """Batches of ``(x, y)``, each ``(B, T)`` int64: one conversation per row, padded, with ``y``
     the next ids of ``x`` where the assistant writes them and ``-100`` (cross-entropy's ignore
-    index) everywhere else (:class:`~.chat_data.ConversationWindows`).
+    index) everywhere else (:class:`~.chat_data.ConversationWindows`). With ``pack``, rows hold
+    several conversations and batches are ``(x, y, segments, positions)``, the last two what
+    ``GPT.forward`` takes to keep them apart (:class:`~.chat_data.PackedConversationWindows`).
 
     The conversations are read with the tokenizer of the weights being fine-tuned, plus the chat
     markers (:class:`~.tokenizer.ChatTokenizer`): train.py hands its spec to
@@ -77,6 +92,7 @@ class ChatDataModule(L.LightningDataModule):
         self._tokenizer: ChatTokenizer | None = None
         self._train: ChatExamples | None = None
         self._val: ChatExamples | None = None
+        self._packed: dict[str, PackedConversationWindows] = {}
 
     def use_tokenizer(self, spec: dict[str, Any]) -> None:
         """Read the conversations with the tokenizer ``spec`` describes (the weights'), plus the markers."""
@@ -118,10 +134,11 @@ class ChatDataModule(L.LightningDataModule):
         """What the data is, for the run's summary."""
         train, val = self.examples("train"), self.examples("val")
         learned = int(train.learned.sum())
+        packed = f", packed into {len(self._windows('train')):,} windows" if self.config.pack else ""
         return (
             f"{self.config.source}, {self.tokenizer.name} tokens and chat markers: {len(train):,} "
-            f"conversations ({learned:,} of {len(train.ids):,} tokens the assistant's) for training, "
-            f"{len(val):,} for validation"
+            f"conversations ({learned:,} of {len(train.ids):,} tokens the assistant's){packed} for "
+            f"training, {len(val):,} for validation"
         )
 
     def train_dataloader(self) -> ResumableLoader:
@@ -129,8 +146,9 @@ class ChatDataModule(L.LightningDataModule):
         num_replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         windows = self._windows("train")
         if len(windows) < num_replicas * self.config.batch_size:
+            what = "window(s) of packed conversations" if self.config.pack else "conversation(s)"
             raise DataError(
-                f"{len(windows)} training conversation(s) cannot fill a batch of {self.config.batch_size} "
+                f"{len(windows)} training {what} cannot fill a batch of {self.config.batch_size} "
                 f"on {num_replicas} process(es): lower data.conversations.batch_size"
             )
         sampler = ConversationSampler(windows, self.config.seed, num_replicas, rank)
@@ -143,16 +161,24 @@ class ChatDataModule(L.LightningDataModule):
         if len(windows) < num_replicas:
             # A rank with nothing to score would skip the validation forward in which DDP
             # broadcasts the model's buffers, and the others would wait for it forever.
+            what = "window(s) of packed conversations" if self.config.pack else "conversation(s)"
             raise DataError(
-                f"{len(windows)} validation conversation(s) for {num_replicas} processes: raise "
+                f"{len(windows)} validation {what} for {num_replicas} processes: raise "
                 "data.conversations.val_fraction or use fewer processes"
             )
         sampler = ValWindowSampler(windows, range(len(windows)), num_replicas, rank)
         return DataLoader(windows, sampler=sampler, drop_last=False, **self._loader_options())
 
-    def _windows(self, split: str) -> ConversationWindows:
+    def _windows(self, split: str) -> ConversationWindows | PackedConversationWindows:
         # Any input id serves as padding: no target depends on what follows a conversation.
-        return ConversationWindows(self.examples(split), self.context_length, pad_id=self.tokenizer.end_id)
+        examples, pad_id = self.examples(split), self.tokenizer.end_id
+        if not self.config.pack:
+            return ConversationWindows(examples, self.context_length, pad_id)
+        if split not in self._packed:  # packed once: the same windows in every epoch
+            self._packed[split] = PackedConversationWindows(
+                examples, self.context_length, pad_id, self.config.seed
+            )
+        return self._packed[split]
 
     def _loader_options(self) -> dict[str, Any]:
         return loader_options(self.config.batch_size, self.config.num_workers, self.config.seed)

@@ -11,6 +11,13 @@ flash kernel makes a bf16 step slower (measured in benchmarks/RESULTS.md). Witho
 (validation, generation) a CPU takes SDPA too: one call where the textbook takes five, never
 slower and up to ~2x faster (docs/results/validation.md).
 
+Several sequences packed into one row (conversations for fine-tuning) attend each to itself
+alone: given `same_segment`, the (B, 1, T, T) mask of which query and key share a sequence, the
+textbook path adds it to its causal mask and SDPA takes the two as one boolean `attn_mask` (on
+CPU its flash kernel accepts one, but computes the blocks above the diagonal that `is_causal`
+skips); `positions` then rotates each token by its place in its own sequence. Without them
+nothing changes: the plain causal paths run as they did.
+
 QK-norm and the rotation by position run through the fast paths of `fast.py` (`rms_normalise`,
 `normalise_and_rotate`), each beside its eager reference. The causal mask is one tensor per context
 length and device, shared by every layer (`mask.py`). A batch whose attention scores cannot fit in
@@ -84,13 +91,22 @@ class MultiHeadAttention(nn.Module):
             return super()._apply(fn, recurse)
 
     def forward(
-        self, x: torch.Tensor, *, kv_cache: KVCache | None = None, return_weights: bool = False
+        self,
+        x: torch.Tensor,
+        *,
+        kv_cache: KVCache | None = None,
+        return_weights: bool = False,
+        same_segment: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend over `x` (B, T, d_in), continuing the sequence held in `kv_cache` if given.
 
         With `return_weights=True` the explicit reference path runs and also returns the
         attention weights (B, nh, T, T_total) after dropout; otherwise the `attention` setting
-        picks the path.
+        picks the path. `same_segment` (B, 1, T, T) bool (`mask.segment_mask`), True where query
+        and key belong to the same packed sequence, confines each token to its own; `positions`
+        (B, T), each token's place in it, is what the rotation (if any) reads. Neither goes with
+        a `kv_cache`.
         """
         b, t, _ = x.shape
         queries_keys, values = self._project(x)
@@ -100,19 +116,19 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"sequence of {total} tokens exceeds context length {self.mask.shape[0]}")
         # Both before caching: a cached key keeps its position's rotation.
         if self.qk_norm and self.rotary is not None:
-            queries_keys = normalise_and_rotate(queries_keys, self.rotary, past)
+            queries_keys = normalise_and_rotate(queries_keys, self.rotary, past, positions)
         elif self.qk_norm:
             queries_keys = rms_normalise(queries_keys)
         elif self.rotary is not None:
-            queries_keys = self.rotary(queries_keys, past)
+            queries_keys = self.rotary(queries_keys, past, positions)
         queries, keys = queries_keys.unbind(0)
         if kv_cache is not None:
             keys, values = kv_cache.append(keys, values)
 
         if return_weights or not self._use_sdpa(x):
-            context, weights = self._explicit_attention(queries, keys, values, past)
+            context, weights = self._explicit_attention(queries, keys, values, past, same_segment)
         else:
-            context, weights = self._fused_attention(queries, keys, values, past), None
+            context, weights = self._fused_attention(queries, keys, values, past, same_segment), None
 
         context = context.transpose(1, 2).contiguous().view(b, t, self.d_out)  # (B, T, d_out)
         out = self.out_proj(context)
@@ -155,13 +171,19 @@ class MultiHeadAttention(nn.Module):
         return x.device.type != "cpu" or not torch.is_grad_enabled() or x.shape[1] == 1
 
     def _explicit_attention(
-        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        past: int,
+        same_segment: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The textbook computation, softmax(mask(Q K^T / sqrt(hs))) V; the reference for SDPA.
 
         The scaling and the mask ride inside one `baddbmm`, the mask as an additive bias (0 where
         allowed, -inf above the diagonal) made from the registered boolean mask. That saves a
-        masked fill and a division over the (B, nh, T, T) scores, forward and backward.
+        masked fill and a division over the (B, nh, T, T) scores, forward and backward. Packed
+        sequences (`same_segment`) make the bias one per row, also -inf between sequences.
         """
         b, h, t, hs = queries.shape
         total = keys.shape[2]
@@ -172,8 +194,13 @@ class MultiHeadAttention(nn.Module):
                 f"model context_length {self.mask.shape[0]} at batch size {b}: attention over "
                 f"{t} x {total} positions in {h} heads",
             )
-        bias = torch.zeros(t, total, dtype=queries.dtype, device=queries.device)
-        bias.masked_fill_(self.mask[past:total, :total], float("-inf"))
+        if same_segment is None:
+            bias = torch.zeros(t, total, dtype=queries.dtype, device=queries.device)
+            bias.masked_fill_(self.mask[past:total, :total], float("-inf"))
+        else:  # (B, 1, T, T), one per head as baddbmm takes it
+            hidden = self.mask[:t, :t] | ~same_segment
+            bias = torch.zeros(hidden.shape, dtype=queries.dtype, device=queries.device)
+            bias = bias.masked_fill_(hidden, float("-inf")).expand(b, h, t, t).reshape(b * h, t, t)
         q, k = queries.reshape(b * h, t, hs), keys.reshape(b * h, total, hs)
         scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=hs**-0.5).view(b, h, t, total)
         # Softmax in fp32 even under bf16 autocast (CPU autocast would keep it in bf16), as SDPA
@@ -184,10 +211,20 @@ class MultiHeadAttention(nn.Module):
         return weights @ values, weights  # (B, nh, T, hs)
 
     def _fused_attention(
-        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        past: int,
+        same_segment: torch.Tensor | None = None,
     ) -> torch.Tensor:
         t, total = queries.shape[2], keys.shape[2]
         dropout_p = self.dropout.p if self.training else 0.0
+        if same_segment is not None:  # packed sequences: causal within each, nothing across
+            allowed = same_segment & ~self.mask[:t, :t]
+            return F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=allowed, dropout_p=dropout_p
+            )
         if past == 0:
             # Plain causal attention: let the kernel build the mask itself.
             return F.scaled_dot_product_attention(queries, keys, values, dropout_p=dropout_p, is_causal=True)

@@ -26,9 +26,11 @@ def rms_normalise_reference(x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.size(-1),))
 
 
-def normalise_and_rotate_reference(x: torch.Tensor, rotary: RotaryEmbedding, start: int) -> torch.Tensor:
+def normalise_and_rotate_reference(
+    x: torch.Tensor, rotary: RotaryEmbedding, start: int, positions: torch.Tensor | None = None
+) -> torch.Tensor:
     """QK-norm, then the rotation by position, as two autograd nodes."""
-    return rotary(rms_normalise_reference(x), start)
+    return rotary(rms_normalise_reference(x), start, positions)
 
 
 def squared_relu_reference(x: torch.Tensor) -> torch.Tensor:
@@ -45,14 +47,17 @@ def rms_normalise(x: torch.Tensor) -> torch.Tensor:
     return rms_normalise_reference(x)
 
 
-def normalise_and_rotate(x: torch.Tensor, rotary: RotaryEmbedding, start: int) -> torch.Tensor:
-    """QK-norm then the rotation: `normalise_and_rotate_reference(x, rotary, start)`'s function.
+def normalise_and_rotate(
+    x: torch.Tensor, rotary: RotaryEmbedding, start: int, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """QK-norm then the rotation: `normalise_and_rotate_reference(x, rotary, start, positions)`'s
+    function (`positions`, (B, T), places each token of an x of (..., B, nh, T, hs) on its own).
     In eager fp32, and in bf16 on a CPU, one autograd node does both (`_NormaliseRotate`) because
     one backward over the queries and keys costs less than two. On GPUs in bf16 or fp16, and when
     compiled, the reference: there the node did not pay for a path of its own."""
     if _one_node(x):
-        return _NormaliseRotate.apply(x, *rotary.tables(x, start, torch.float32))
-    return normalise_and_rotate_reference(x, rotary, start)
+        return _NormaliseRotate.apply(x, *rotary.tables(x, start, torch.float32, positions))
+    return normalise_and_rotate_reference(x, rotary, start, positions)
 
 
 def squared_relu(x: torch.Tensor) -> torch.Tensor:

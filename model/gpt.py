@@ -18,6 +18,7 @@ from .config import GPTConfig
 from .device import check_fits
 from .fast import squared_relu
 from .kv_cache import KVCache
+from .mask import segment_mask
 from .rotary import RotaryEmbedding
 
 
@@ -73,8 +74,15 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.ln_1(x), kv_cache=kv_cache))
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv_cache: KVCache | None = None,
+        same_segment: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        attended = self.attn(self.ln_1(x), kv_cache=kv_cache, same_segment=same_segment, positions=positions)
+        x = x + self.drop(attended)
         return x + self.drop(self.mlp(self.ln_2(x)))
 
     def forward_with_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,23 +167,55 @@ class GPT(nn.Module):
             n -= self.transformer.wpe.weight.numel()
         return n
 
-    def forward(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
-        return self.lm_head(self.features(idx, kv_caches))  # (B, T, V)
+    def forward(
+        self,
+        idx: torch.Tensor,
+        kv_caches: list[KVCache] | None = None,
+        *,
+        segments: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        hidden = self.features(idx, kv_caches, segments=segments, positions=positions)
+        return self.lm_head(hidden)  # (B, T, V)
 
-    def features(self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None) -> torch.Tensor:
+    def features(
+        self,
+        idx: torch.Tensor,
+        kv_caches: list[KVCache] | None = None,
+        *,
+        segments: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Final hidden states (B, T, n_embd), before the LM head.
 
         With `kv_caches` (one per block), `idx` continues the cached sequence: its positions
-        start after the cached ones.
+        start after the cached ones. With `segments` and `positions` (B, T) int64, a row holds
+        several sequences packed back to back: `segments` numbers them (the tokens of one share
+        a value) and `positions` gives each token's place in its own, from 0. Each token then
+        attends only to its own sequence's earlier tokens and is placed by its own position, so
+        every sequence gets the hidden states it would get alone.
         """
-        x = self._embed(idx, kv_caches[0].length if kv_caches else 0)  # (B, T, C)
+        if (segments is None) != (positions is None):
+            raise ValueError("segments and positions go together: give both or neither")
+        mask = None
+        if segments is not None:
+            if kv_caches:
+                raise ValueError("packed sequences (segments) cannot continue a KV cache")
+            if segments.shape != idx.shape or positions.shape != idx.shape:
+                raise ValueError(
+                    f"segments {tuple(segments.shape)} and positions {tuple(positions.shape)} must be "
+                    f"shaped as the ids {tuple(idx.shape)}"
+                )
+            mask = segment_mask(segments)  # (B, 1, T, T), once for every layer
+        x = self._embed(idx, kv_caches[0].length if kv_caches else 0, positions)  # (B, T, C)
         caches = kv_caches or [None] * len(self.transformer.h)
         for block, cache in zip(self.transformer.h, caches, strict=True):
-            x = block(x, cache)
+            x = block(x, cache, mask, positions)
         return self.transformer.ln_f(x)
 
-    def _embed(self, idx: torch.Tensor, start: int) -> torch.Tensor:
-        """Token + position embeddings (B, T, C) of ids (B, T) at positions start, start + 1, ..."""
+    def _embed(self, idx: torch.Tensor, start: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Token + position embeddings (B, T, C) of ids (B, T) at positions start, start + 1, ...,
+        or at `positions` (B, T) where given."""
         t = idx.shape[1]
         if start + t > self.config.context_length:
             raise ValueError(
@@ -183,7 +223,9 @@ class GPT(nn.Module):
             )
         x = self.transformer.wte(idx)
         if "wpe" in self.transformer:  # with rotary embeddings, attention applies the positions
-            x = x + self.transformer.wpe(torch.arange(start, start + t, device=idx.device))
+            if positions is None:
+                positions = torch.arange(start, start + t, device=idx.device)
+            x = x + self.transformer.wpe(positions)
         return self.transformer.drop(x)
 
     @torch.no_grad()

@@ -1,4 +1,5 @@
-"""The causal mask: one tensor per context length and device, shared by every attention layer.
+"""The causal mask: one tensor per context length and device, shared by every attention layer;
+and the mask that keeps sequences packed into one row apart (`segment_mask`).
 
 A 12-layer model at context 8,192 holds one 64 MB mask rather than twelve. A context length whose
 mask cannot fit in the machine's memory is refused with a `ConfigError` naming the setting, before
@@ -52,3 +53,10 @@ def mask_kept_shared(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tenso
     finally:
         module._buffers["mask"] = mask
     module._buffers["mask"] = causal_mask(mask.shape[0], fn(mask[:0, :0]).device)
+
+
+def segment_mask(segments: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool, True where query i and key j of a row share a segment id in `segments`
+    (B, T): the sequences packed into one row, which attend each to itself alone. It broadcasts
+    over the heads; attention adds its causal mask."""
+    return (segments[:, :, None] == segments[:, None, :]).unsqueeze(1)

@@ -23,17 +23,26 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", torch.cat([cos, cos], dim=-1), persistent=False)  # (T, hs)
         self.register_buffer("sin", torch.cat([-sin, sin], dim=-1), persistent=False)  # (T, hs)
 
-    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """`x` (..., T, hs) at positions start, start + 1, ..., rotated."""
-        cos, sin = self.tables(x, start)
+    def forward(self, x: torch.Tensor, start: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """`x` (..., T, hs) at positions start, start + 1, ..., rotated; or, given `positions`
+        (B, T) for an `x` of (..., B, nh, T, hs), each token at its own."""
+        cos, sin = self.tables(x, start, positions=positions)
         return x * cos + swap_halves(x) * sin
 
     def tables(
-        self, x: torch.Tensor, start: int, dtype: torch.dtype | None = None
+        self,
+        x: torch.Tensor,
+        start: int,
+        dtype: torch.dtype | None = None,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The cosine and signed sine tables (T, hs) for `x`'s positions from `start`, in `dtype`
-        (default: x's)."""
-        t, dtype = x.shape[-2], dtype or x.dtype
+        (default: x's); given `positions` (B, T), those of each token, (B, 1, T, hs), which
+        broadcast over the heads."""
+        dtype = dtype or x.dtype
+        if positions is not None:
+            return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+        t = x.shape[-2]
         return self.cos[start : start + t].to(dtype), self.sin[start : start + t].to(dtype)
 
 

@@ -162,25 +162,38 @@ class LitGPT(L.LightningModule):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        """The final hidden states (B, T, C) of inputs x (B, T): what the LM head reads."""
+    def hidden(
+        self, x: torch.Tensor, segments: torch.Tensor | None = None, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The final hidden states (B, T, C) of inputs x (B, T): what the LM head reads. `segments`
+        and `positions` (B, T), those of a batch of packed conversations, keep them apart."""
         if self._features is None:  # on first use, so that a model assigned directly works too
             # Compiling the bound method leaves the module, and so its state_dict, untouched.
             self._features = torch.compile(self.model.features) if self._compile else self.model.features
-        return self._features(x)
+        return self._features(x, segments=segments, positions=positions)
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy of the model on inputs x (B, T) and targets y (B, T)."""
+    def loss(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        segments: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Mean next-token cross-entropy of the model on inputs x (B, T) and targets y (B, T), over
+        the targets that are not -100; `segments` and `positions` as in `hidden`."""
         if self.fused_loss:  # its chunk loop is an autograd function of its own: the blocks alone compile
-            return fused_linear_cross_entropy(self.hidden(x), self.model.lm_head.weight, y)
+            hidden = self.hidden(x, segments, positions)
+            return fused_linear_cross_entropy(hidden, self.model.lm_head.weight, y)
         if self._step_loss is None:
             # One region from token ids to the loss: the compiler fuses the head's output with the
             # cross-entropy, and the step launches no eager kernel between the blocks and the loss.
             self._step_loss = torch.compile(self._plain_loss) if self._compile else self._plain_loss
-        return self._step_loss(x, y)
+        return self._step_loss(x, y, segments, positions)
 
-    def _plain_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return next_token_loss(self.model(x), y)
+    def _plain_loss(
+        self, x: torch.Tensor, y: torch.Tensor, segments: torch.Tensor | None, positions: torch.Tensor | None
+    ) -> torch.Tensor:
+        return next_token_loss(self.model(x, segments=segments, positions=positions), y)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Lightning logs each step under its own count of optimizer steps, which equals
@@ -189,13 +202,15 @@ class LitGPT(L.LightningModule):
         # short, and the resumed run's curve would sit one step left of the first part's.
         set_logging_step(self.trainer, self.trainer.global_step)
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """The micro-batch's loss, for its backward pass. Logs `train_loss`, the loss of the step's
-        global batch: the mean over its micro-batches (each as many windows) and over the
-        ranks, whatever their number, on the steps whose logs are written; only those reduce it
-        over the ranks, since the reduction makes every rank wait for the others."""
-        x, y = batch
-        loss = self.loss(x, y)
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
+        """The micro-batch's loss, for its backward pass: `(x, y)`, or packed conversations'
+        `(x, y, segments, positions)`, its mean over the targets that are not -100. Logs
+        `train_loss`, the loss of the step's global batch: the mean over its micro-batches (each
+        as many windows) and over the ranks, whatever their number, on the steps whose logs are
+        written; only those reduce it over the ranks, since the reduction makes every rank wait
+        for the others."""
+        x, y, *packed = batch
+        loss = self.loss(x, y, *packed)
         trainer = attached_trainer(self)
         accumulated = 1 if trainer is None else trainer.accumulate_grad_batches
         if batch_idx % accumulated == 0:
@@ -222,10 +237,10 @@ class LitGPT(L.LightningModule):
             if step_logs_written(attached_trainer(self)):
                 self.log("grad_norm", self.grad_norm)
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        x, y = batch
+    def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
+        x, y, *packed = batch
         chunk_rows = 256 if self.fused_loss else None  # the fused loss never holds all the logits
-        losses = token_losses(self.hidden(x), self.model.lm_head.weight, y, chunk_rows)  # (B*T,)
+        losses = token_losses(self.hidden(x, *packed), self.model.lm_head.weight, y, chunk_rows)  # (B*T,)
         self._val_score.update(losses, y)
 
     def on_validation_epoch_start(self) -> None:

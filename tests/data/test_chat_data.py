@@ -1,5 +1,5 @@
-"""Conversations as padded windows whose loss counts the assistant's tokens only; conversations
-longer than the context truncated and counted, or refused naming their row."""
+"""Conversations as padded windows whose loss counts the assistant's tokens only, one per window or
+packed; conversations longer than the context truncated and counted, or refused naming their row."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import string
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,9 @@ from minigpt.data.chat_data import (
     IGNORE_INDEX,
     ChatDataConfig,
     ConversationWindows,
+    PackedConversationWindows,
     encode_conversations,
+    first_fit,
     load_chat_examples,
 )
 from minigpt.data.instructions import Conversation
@@ -95,3 +98,38 @@ def test_a_file_of_instructions_becomes_windows(encoder: ChatEncoder, tmp_path: 
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     with pytest.raises(DataError, match=f"{path}, row 2: .*\u2603"):
         load_chat_examples(ChatDataConfig(str(path)), encoder, T)
+
+
+def test_first_fit_puts_each_item_in_the_first_window_with_room() -> None:
+    lengths = np.array([5, 3, 4, 2, 6, 1, 8])
+    assert first_fit(lengths, 8, np.arange(7)) == [[0, 1], [2, 3, 5], [4], [6]]
+    assert first_fit(lengths, 8, np.array([6, 5, 4, 3, 2, 1, 0])) == [[6], [5, 4], [3, 2], [1, 0]]
+
+
+def test_packed_windows_hold_every_conversation_once_as_its_own_window_would(encoder: ChatEncoder) -> None:
+    rng = np.random.default_rng(0)
+    chats = [_conversation("q" * int(rng.integers(1, 12)), "a" * int(rng.integers(1, 12))) for _ in range(20)]
+    examples = encode_conversations(chats, encoder, T)
+    alone = ConversationWindows(examples, T, pad_id=0)
+    packed = PackedConversationWindows(examples, T, pad_id=0, seed=3)
+    assert len(packed) < len(examples) / 2  # each of ~10 to ~30 ids: several to a window of 48
+    seen = []
+    for index, conversations in enumerate(packed.windows):
+        x, y, segments, positions = packed[index]
+        assert all(t.shape == (T,) and t.dtype == torch.int64 for t in (x, y, segments, positions))
+        assert segments.tolist() == sorted(segments.tolist())
+        for segment, conversation in enumerate(conversations):
+            mine = segments == segment
+            n = int(mine.sum())
+            x_alone, y_alone = alone[conversation]
+            assert torch.equal(x[mine], x_alone[:n]) and torch.equal(y[mine], y_alone[:n])
+            assert (y_alone[n:] == IGNORE_INDEX).all() and positions[mine].tolist() == list(range(n))
+        padding = segments == len(conversations)
+        assert (y[padding] == IGNORE_INDEX).all() and positions[padding].tolist() == list(
+            range(int(padding.sum()))
+        )
+        seen += conversations
+    assert sorted(seen) == list(range(len(examples)))
+    # The seed alone decides the windows: the same again, others with another seed.
+    assert PackedConversationWindows(examples, T, 0, seed=3).windows == packed.windows
+    assert PackedConversationWindows(examples, T, 0, seed=4).windows != packed.windows

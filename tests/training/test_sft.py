@@ -1,6 +1,7 @@
 """Supervised fine-tuning through train.py: configs/sft.yaml on a tiny model of ours and a small
-JSONL of instruction and chat rows. The run grows the embedding by the chat markers, its loss and
-validation count the assistant's tokens only, and it resumes bit for bit."""
+JSONL of instruction and chat rows, packed several to a window. The run grows the embedding by the
+chat markers, its loss and validation count the assistant's tokens only, and it resumes bit for
+bit."""
 
 from __future__ import annotations
 
@@ -65,7 +66,9 @@ def sft_args(files: tuple[Path, Path], run: Path, *extra: str) -> list[str]:
         "--data.conversations.val_fraction",
         "0.1",
         "--data.conversations.batch_size",
-        "4",
+        "3",
+        "--data.conversations.pack",
+        "true",  # 36 conversations in 11 windows: 3 steps an epoch, so step 4 is in mid-epoch
         "--model.optim.lr",
         "3e-3",
         "--model.optim.warmup_steps",
@@ -122,9 +125,11 @@ def test_validation_scores_the_answers_of_the_held_out_conversations_only(
     files: tuple[Path, Path], straight: Path
 ) -> None:
     """The last validation's loss is the mean cross-entropy over the assistant's tokens of the
-    held-out conversations, computed here by hand from the last weights."""
+    held-out conversations, computed here by hand from the last weights, one conversation per
+    window: the run scored them packed, which changes nothing but the rounding."""
     model, tokenizer = load_model(straight / "checkpoints" / "last.ckpt")
-    data = ChatDataModule(ChatDataConfig(str(files[1]), split="train", val_fraction=0.1, batch_size=4), 64)
+    config = ChatDataConfig(str(files[1]), split="train", val_fraction=0.1, batch_size=4, pack=False)
+    data = ChatDataModule(config, 64)
     data.use_tokenizer(BASE.spec())
     data.setup()
     assert len(data.examples("val")) == 4 and len(data.examples("train")) == 36
