@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""README's fine-tuning table: a base model, full SFT and LoRA on the held-out play questions.
+
+Runs the commands README gives, one after the other on this machine, and times each one from
+its start to its exit with its peak memory (the largest resident set of the process and the
+ones it waited for, as the kernel counts it):
+
+1. `python play_questions.py` (the questions, split by play; skipped when the files are there)
+2. `python train.py --config small.yaml` (only with `--train_base`; else `--base` is a run)
+3. `python train.py --config sft.yaml` and `--config lora.yaml` from that run, on the questions
+4. `python evaluate.py --tasks play_speakers` on each of the three
+
+and writes one Markdown table naming the CPU. Each model is scored on the 900 questions of the
+six plays that fine-tuning never sees; chance is 25%.
+
+    python benchmarks/chat_table.py --base runs/small --out chat-table.md
+    python benchmarks/chat_table.py --train_base --out chat-table.md   # small.yaml first
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUESTIONS = "data_cache/play_questions"
+TASK = "play_speakers"
+
+
+@dataclass
+class Measured:
+    """One command's wall time and peak resident memory."""
+
+    seconds: float
+    peak_mib: float
+
+
+def run(command: list[str], log: Path) -> Measured:
+    """Run `command` from the repository root, its output into `log`; stop on failure."""
+    print(f"$ {shlex.join(command)}", flush=True)
+    start = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as out:
+        process = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - start
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        sys.exit(f"{command[1]} exited {code}; its output is in {log}")
+    return Measured(seconds, usage.ru_maxrss / 1024)  # kibibytes on Linux
+
+
+def cpu_name() -> str:
+    """The CPU's model name, family and model, and whether it multiplies bf16 natively."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    flags = fields.get("flags", "").split()
+    native = "avx512_bf16" in flags or "amx_bf16" in flags
+    limited = os.environ.get("ATEN_CPU_CAPABILITY") == "avx2"
+    bf16 = "native bf16" if native and not limited else "no native bf16"
+    return (
+        f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model "
+        f"{fields.get('model', '?')}, {bf16}), {os.cpu_count()} cores"
+    )
+
+
+def score(run_dir: Path, out: Path) -> dict[str, float]:
+    """`evaluate.py --tasks play_speakers` on `run_dir`: accuracy and its standard error."""
+    results = out / f"{run_dir.name}-{TASK}.json"
+    command = [sys.executable, "evaluate.py", "--checkpoint", str(run_dir), "--tasks", TASK]
+    command += ["--include_path", "evaluation/tasks", "--out", str(results)]
+    measured = run(command, out / f"{run_dir.name}-evaluate.log")
+    rows = json.loads(results.read_text(encoding="utf-8"))["results"]
+    acc = next(r for r in rows if r["metric"] == "acc")
+    return {"acc": acc["value"], "stderr": acc["stderr"] or 0.0, "seconds": measured.seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", type=Path, default=Path("runs/small"), help="the pretrained run folder")
+    p.add_argument("--train_base", action="store_true", help="train --base with small.yaml first")
+    p.add_argument("--out", type=Path, default=Path("chat-table"), help="folder of logs and the table")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    python = sys.executable
+
+    if not (ROOT / QUESTIONS / "train.jsonl").is_file():
+        run([python, "play_questions.py", "--out", QUESTIONS], args.out / "play_questions.log")
+
+    trained: dict[str, Measured | None] = {"base": None}
+    if args.train_base:
+        command = [python, "train.py", "--config", "small.yaml", "--trainer.default_root_dir", str(args.base)]
+        trained["base"] = run(command, args.out / "base-train.log")
+    elif not (ROOT / args.base).is_dir():
+        sys.exit(f"--base {args.base}: no such run folder (train it, or pass --train_base)")
+
+    runs = {"base": args.base}
+    for name in ("sft", "lora"):
+        run_dir = args.base.parent / f"{name}-plays"
+        command = [python, "train.py", "--config", f"{name}.yaml", "--model.init_from", str(args.base)]
+        command += ["--data.conversations.source", f"{QUESTIONS}/train.jsonl"]
+        command += ["--trainer.default_root_dir", str(run_dir)]
+        trained[name] = run(command, args.out / f"{name}-train.log")
+        runs[name] = run_dir
+
+    scores = {name: score(ROOT / run_dir, args.out) for name, run_dir in runs.items()}
+    label = {
+        "base": "base: `small.yaml`, no fine-tuning",
+        "sft": "full SFT: `sft.yaml`, every parameter",
+        "lora": "LoRA: `lora.yaml`, rank 8 on query and value",
+    }
+    lines = [
+        f"{cpu_name()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
+        "",
+        f"| model | training time | peak memory | {TASK} accuracy (900 questions, chance 25%) |",
+        "|---|---|---|---|",
+    ]
+    for name, s in scores.items():
+        m = trained[name]
+        took = f"{m.seconds / 60:.1f} min" if m else "(a run given)"
+        peak = f"{m.peak_mib / 1024:.2f} GiB" if m else ""
+        lines.append(f"| {label[name]} | {took} | {peak} | {s['acc']:.1%} ± {s['stderr']:.1%} |")
+    table = "\n".join(lines) + "\n"
+    (args.out / "chat-table.md").write_text(table, encoding="utf-8")
+    print(table, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
