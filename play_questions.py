@@ -1,7 +1,8 @@
 """Write the plays' instruction files: `python play_questions.py --out data_cache/play_questions`.
 
-"Who speaks these lines?" with four named choices, split by play: train.jsonl and validation.jsonl
-ask about 32 plays, test.jsonl about the 6 held out. `--help` lists every option.
+"Who speaks these lines?" and "Which line comes next?", four choices each, split by play:
+train.jsonl and validation.jsonl ask about 32 plays, test.jsonl about the 6 held out. `--help`
+lists every option.
 """
 
 from __future__ import annotations

@@ -1,17 +1,21 @@
 #!/usr/bin/env python
-"""README's fine-tuning table: a base model, full SFT and LoRA on the held-out play questions.
+"""README's fine-tuning table: a base model, full SFT and LoRA on the held-out play questions of
+both kinds (who speaks these lines, which line comes next).
 
 Runs the commands README gives, one after the other on this machine, and times each one from
 its start to its exit with its peak memory (the largest resident set of the process and the
 ones it waited for, as the kernel counts it):
 
-1. `python play_questions.py` (the questions, split by play; skipped when the files are there)
+1. `python play_questions.py` (the questions, split by play; skipped when the files are there
+   and hold both kinds)
 2. `python train.py --config small.yaml` (only with `--train_base`; else `--base` is a run)
 3. `python train.py --config sft.yaml` and `--config lora.yaml` from that run, on the questions
-4. `python evaluate.py --tasks play_speakers` on each of the three
+4. `python evaluate.py --tasks play_speakers,play_next_line` on each of the three
 
-and writes one Markdown table naming the CPU. Each model is scored on the 900 questions of the
-six plays that fine-tuning never sees; chance is 25%.
+and writes one Markdown table naming the CPU, a column for each task. Each model is scored on the
+900 questions of each kind on the six plays that fine-tuning never sees; chance is 25%. Speakers
+are scored by `acc` (the likeliest name); next lines by `acc_norm` (the likeliest per character),
+as `acc` prefers the shorter lines (docs/evaluation.md).
 
     python benchmarks/chat_table.py --base runs/small --out chat-table.md
     python benchmarks/chat_table.py --train_base --out chat-table.md   # small.yaml first
@@ -32,7 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = "data_cache/play_questions"
-TASK = "play_speakers"
+METRICS = {"play_speakers": "acc", "play_next_line": "acc_norm"}
+"""Each task, and the metric its column shows."""
 
 
 @dataclass
@@ -76,15 +81,28 @@ def cpu_name() -> str:
     )
 
 
-def score(run_dir: Path, out: Path) -> dict[str, float]:
-    """`evaluate.py --tasks play_speakers` on `run_dir`: accuracy and its standard error."""
-    results = out / f"{run_dir.name}-{TASK}.json"
-    command = [sys.executable, "evaluate.py", "--checkpoint", str(run_dir), "--tasks", TASK]
+def questions_written() -> bool:
+    """Whether the train file is there and holds both kinds (an older one asks who speaks alone)."""
+    path = ROOT / QUESTIONS / "train.jsonl"
+    if not path.is_file():
+        return False
+    kinds = {json.loads(line).get("kind") for line in path.read_text(encoding="utf-8").splitlines()}
+    return {"speaker", "next_line"} <= kinds
+
+
+def score(run_dir: Path, out: Path) -> dict[str, tuple[float, float]]:
+    """`evaluate.py --tasks play_speakers,play_next_line` on `run_dir`: task -> its metric (see
+    `METRICS`) and that metric's standard error."""
+    results = out / f"{run_dir.name}-evaluation.json"
+    command = [sys.executable, "evaluate.py", "--checkpoint", str(run_dir), "--tasks", ",".join(METRICS)]
     command += ["--include_path", "evaluation/tasks", "--out", str(results)]
-    measured = run(command, out / f"{run_dir.name}-evaluate.log")
+    run(command, out / f"{run_dir.name}-evaluate.log")
     rows = json.loads(results.read_text(encoding="utf-8"))["results"]
-    acc = next(r for r in rows if r["metric"] == "acc")
-    return {"acc": acc["value"], "stderr": acc["stderr"] or 0.0, "seconds": measured.seconds}
+    found = {(r["task"], r["metric"]): r for r in rows}
+    return {
+        task: (found[task, metric]["value"], found[task, metric]["stderr"] or 0.0)
+        for task, metric in METRICS.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     python = sys.executable
 
-    if not (ROOT / QUESTIONS / "train.jsonl").is_file():
-        run([python, "play_questions.py", "--out", QUESTIONS], args.out / "play_questions.log")
+    if not questions_written():
+        command = [python, "play_questions.py", "--out", QUESTIONS, "--force"]
+        run(command, args.out / "play_questions.log")
 
     trained: dict[str, Measured | None] = {"base": None}
     if args.train_base:
@@ -124,14 +143,16 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"{cpu_name()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         "",
-        f"| model | training time | peak memory | {TASK} accuracy (900 questions, chance 25%) |",
-        "|---|---|---|---|",
+        "| model | training time | peak memory | who speaks these lines? (play_speakers, acc) "
+        "| which line comes next? (play_next_line, acc_norm) |",
+        "|---|---|---|---|---|",
     ]
     for name, s in scores.items():
         m = trained[name]
         took = f"{m.seconds / 60:.1f} min" if m else "(a run given)"
         peak = f"{m.peak_mib / 1024:.2f} GiB" if m else ""
-        lines.append(f"| {label[name]} | {took} | {peak} | {s['acc']:.1%} ± {s['stderr']:.1%} |")
+        cells = " | ".join(f"{value:.1%} ± {stderr:.1%}" for value, stderr in s.values())
+        lines.append(f"| {label[name]} | {took} | {peak} | {cells} |")
     table = "\n".join(lines) + "\n"
     (args.out / "chat-table.md").write_text(table, encoding="utf-8")
     print(table, end="")

@@ -1,6 +1,7 @@
-"""`play_questions.py`: write the "who speaks these lines?" instruction files, split by play
-(train and validation from 32 plays, test from the 6 held out), for fine-tuning with sft.yaml and
-scoring with the `play_speakers` task."""
+"""`play_questions.py`: write the instruction files made from the plays, "who speaks these lines?"
+and "which line comes next?", split by play (train and validation from 32 plays, test from the 6
+held out), for fine-tuning with sft.yaml and scoring with the `play_speakers` and `play_next_line`
+tasks."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from minigpt.data.play_questions import TEST_PLAYS, corpus_splits, write_splits
+from minigpt.data.play_questions import KINDS, TEST_PLAYS, corpus_splits, write_splits
 
 from .common import USER_ERRORS, options_parser, parse_options, report
 
@@ -30,7 +31,8 @@ def play_questions_main(args: Sequence[str] | None = None) -> int:
     """Parse the command line, make the questions from the built-in corpus and write them."""
     parser = options_parser(
         "play_questions.py",
-        "Write instruction files made from the plays: who speaks these lines? Split by play.",
+        "Write instruction files made from the plays: who speaks these lines, which line comes next? "
+        "Split by play.",
         PlayQuestionsOptions,
     )
     try:
@@ -41,7 +43,9 @@ def play_questions_main(args: Sequence[str] | None = None) -> int:
         return report(err)
     for name, path in paths.items():
         plays = Counter(row["play"] for row in splits[name])
-        print(f"{path}: {len(splits[name]):,} questions on {len(plays)} plays")
+        kinds = Counter(row["kind"] for row in splits[name])
+        each = ", ".join(f"{kinds[kind]:,} {kind}" for kind in KINDS)
+        print(f"{path}: {len(splits[name]):,} questions on {len(plays)} plays ({each})")
     print(f"held out for test: {', '.join(TEST_PLAYS)}")
     return 0
 

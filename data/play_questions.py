@@ -1,7 +1,7 @@
-"""Instruction data made from the plays, split by play: "Who speaks these lines?", four named choices.
+"""Instruction data made from the plays, split by play: two kinds of question, four choices each.
 
-Each question quotes the opening lines of one speech and lists four speakers of the same play;
-the answer is the speaker's name, as the corpus writes it::
+"Who speaks these lines?" (``kind`` ``"speaker"``) quotes the opening lines of one speech and
+lists four speakers of the same play; the answer is the speaker's name, as the corpus writes it::
 
     Who speaks these lines in Hamlet?
 
@@ -11,7 +11,20 @@ the answer is the speaker's name, as the corpus writes it::
     Choices: HAMLET, OPHELIA, QUEEN GERTRUDE, KING CLAUDIUS
     Answer:
 
-and the assistant answers ``HAMLET``. Why this design:
+and the assistant answers ``HAMLET``. "Which line comes next?" (``kind`` ``"next_line"``) quotes
+one or two lines of a speech; the answer is the speech's next line, and the choices (kept in the
+row, not listed in the question) are it and three other lines of the play::
+
+    Which line comes next in Hamlet?
+
+    The cock, that is the trumpet to the morn,
+    Doth with his lofty and shrill-sounding throat
+
+    Answer:
+
+and the assistant answers ``Awake the god of day; and, at his warning,`` (the others: "And you,
+the judges, bear a wary eye.", "truly in my youth I suffered much extremity for", "It is 'Adieu,
+adieu! remember me.'"). Why this design:
 
 * **Split by play.** The six plays of :data:`TEST_PLAYS` (the corpus's last six, about 17% of
   its text) give the test file alone; the other 32 give train and validation. A model fine-tuned
@@ -19,29 +32,42 @@ and the assistant answers ``HAMLET``. Why this design:
   six are chosen because ``small.yaml`` validates on the last tenth of the corpus: Othello,
   Romeo and Juliet and Timon of Athens lie wholly inside it, so its pretrained model has not
   trained on half of the test text either.
-* **A short answer among named choices.** The answer is a few tokens, the same kind of tokens in
-  every choice, so comparing the choices' log-likelihoods (lm-eval's multiple choice) measures the
-  choice and not the length of a reply; with four choices chance is 25%. The choices are four
-  speakers of the same play and the answer is equally likely to be any of them
-  (:func:`play_questions`), so guessing from the names alone (the play's busiest speaker, the
-  title's hero) scores chance. None is a prefix of another (``KING`` beside ``KING HENRY`` would
-  win on log-likelihood whatever the line).
-* **Learnable.** The lines carry what a small model can use: names spoken to (a line that says
-  "Hermia" is rarely Hermia's), rank and manner (prose or verse, "my lord" or "sirrah"), and the
-  characters' own subjects, so a model can do better than chance from the lines alone, and
-  fine-tuning teaches it the form.
+* **Scored by log-likelihood among four choices.** lm-eval's multiple choice compares the
+  choices' log-likelihoods after the question, so it measures the choice and not how a reply is
+  worded; with four choices chance is 25%.
+* **Nothing outside the quoted lines beats chance.** A speaker question draws its four speakers
+  first and then the answer among them with equal chance (:func:`play_questions`), so the names
+  alone (the play's busiest speaker, the title's hero) tell nothing, and none is a prefix of
+  another (``KING`` beside ``KING HENRY`` would win on log-likelihood whatever the line). A
+  next-line question's answer and distractors are drawn from the same lines, those that continue
+  a speech, with the answer's rank by length among the four drawn uniformly
+  (:func:`next_line_questions`), so neither a line's look (a lowercase start, a speech's opening
+  "My lord,") nor its length tells. (A draft that drew the others from every line of nearly the
+  answer's length, a speech's first lines among them, had the answer start lowercase twice as
+  often as the others, and fine-tuning learnt that: docs/results/play-questions.md.)
+* **Learnable.** Speaker lines carry names spoken to, rank and manner, and the characters'
+  subjects; a next line carries on the sentence, the metre and the subject of the lines before it,
+  which a pretrained model predicts from plain text (``small.yaml``'s model picks it 40% of the
+  time from the lines alone) but not yet through the question: fine-tuning teaches it the form.
 * **One text for every model.** The user's message ends with "Answer:", so a base model scored on
   the plain text and a fine-tuned one prompted through the chat template read the same question.
+* **Within the context.** The quoted lines stop at :data:`MAX_PASSAGE_CHARS`, so a question and
+  any of its choices, through the chat template and the 4,096-id BPE of ``small.yaml``'s run,
+  take at most 118 ids of its 128 (98 for a next line; listing its four lines would take a fifth
+  of the next-line questions past 128, so its question does not).
 * **From the cached corpus.** :func:`~.shakespeare.shakespeare_path` holds the 38 plays back to
   back without their titles; :data:`PLAYS` finds each by its opening speech, in the corpus's
   order, and a corpus where one is missing or out of order is refused.
 
-Deterministic: each play's questions come from a generator seeded by the seed and the play's
-title, so the files are a function of the corpus and the seed alone.
+Deterministic: each play's questions of each kind come from a generator seeded by the seed, the
+play's title and (for next lines) the kind, so the files are a function of the corpus and the
+seed alone, and the speaker questions are the same as before next lines were asked.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import random
 from collections import Counter
@@ -113,14 +139,32 @@ GROUP_SPEAKERS = frozenset({"ALL", "BOTH", "OTHERS", "SEVERAL", "LORDS", "CITIZE
 MIN_SPEECHES = 10
 """Speeches a speaker needs in a play to be a choice (drops walk-ons and the corpus's stray names)."""
 MIN_PASSAGE_CHARS = 24
-"""A speech whose quoted lines are shorter ("My lord.") could be anyone's: no question asks about it."""
+"""Quoted lines shorter than this ("My lord.") could be anyone's, or followed by anything: no
+question quotes them."""
 MAX_PASSAGE_CHARS = 140
-"""The quoted lines, whole lines from the speech's start, stop before passing this many characters,
-so that a question fits the 128 tokens of ``small.yaml``'s context with room to spare."""
+"""The quoted lines, whole lines (from the speech's start, for a speaker), stop before passing this
+many characters, so that a question fits the 128 tokens of ``small.yaml``'s context with room to
+spare."""
 TEST_PER_PLAY = 150
-"""Questions asked of each test play (900 in all: a standard error of about 1.5 points of accuracy)."""
+"""Questions of each kind asked of each test play (900 of each: a standard error of about 1.5
+points of accuracy)."""
 VALIDATION_PER_PLAY = 16
-"""Questions of each training play kept out of the train file, for the validation file (512)."""
+"""Questions of each kind and training play kept out of the train file, for the validation file
+(512 of each kind)."""
+KINDS = ("speaker", "next_line")
+"""The kinds of question, each row's ``kind``: who speaks these lines, which line comes next."""
+CONTEXT_LINES = 2
+"""Lines of its speech a next-line question quotes (one when the answer is the speech's second)."""
+MIN_LINE_CHARS = 20
+"""A shorter line ("My lord?") follows almost anything: never the answer of a next-line question."""
+LENGTH_SLACK = 0.2
+"""A distractor's length is within this fraction of the answer's."""
+NEAR_LINES = 10
+"""Distractors come from further than this many lines from the answer: never its neighbours."""
+ASKED_FRACTION = 0.5
+"""The share of a play's lines fit to be a next-line answer that are asked for, drawn uniformly."""
+DRAWS = 64
+"""Lines drawn at most to find each distractor; a question short of one is not asked."""
 
 
 @dataclass(frozen=True)
@@ -220,8 +264,100 @@ def play_questions(title: str, speeches: Sequence[Speech], seed: int) -> list[di
                 "choices": choices,
                 "label": choices.index(answer),
                 "play": title,
+                "kind": "speaker",
             }
         )
+
+
+def next_line_prompt(title: str, quoted: str) -> str:
+    """The user's message of a next-line question: the question, the lines, the cue for the answer."""
+    return f"Which line comes next in {title}?\n\n{quoted}\n\nAnswer:"
+
+
+def next_line_questions(title: str, speeches: Sequence[Speech], seed: int) -> list[dict[str, Any]]:
+    """Which line comes next? Questions on :data:`ASKED_FRACTION` of the play's lines that continue
+    a speech, drawn uniformly: the line is the answer, the :data:`CONTEXT_LINES` of its speech
+    before it are quoted, and three other lines of the play are set beside it.
+
+    Answers and distractors are drawn from the same lines, so nothing that marks a speech's first
+    line tells them apart. A distractor's length is within :data:`LENGTH_SLACK` of the
+    answer's, and how many are shorter is drawn uniformly, so the answer is equally likely to be
+    the shortest, second, third or longest choice; the answer's place among the four is drawn
+    uniformly too. None lies within :data:`NEAR_LINES` of the answer, none is quoted, and no choice
+    is another's prefix (nor equal to it). Rows are :func:`play_questions`' with ``kind``
+    ``"next_line"``.
+    """
+    lines = [line for speech in speeches for line in speech.lines]  # the play's, in order
+    starts = [0]
+    for speech in speeches:
+        starts.append(starts[-1] + len(speech.lines))
+    firsts = set(starts)
+    pool = sorted((len(line), at) for at, line in enumerate(lines) if at not in firsts and _spoken(line))
+    rng = random.Random(f"{seed}:{title}:next_line")
+    askable = [
+        (first, at)
+        for first, end in itertools.pairwise(starts)
+        for at in range(first + 1, end)
+        if _askable(lines, first, at)
+    ]
+    rows = []
+    for first, at in sorted(rng.sample(askable, round(len(askable) * ASKED_FRACTION))):
+        context = lines[max(first, at - CONTEXT_LINES) : at]
+        choices = _distractors(lines, pool, at, context, rng)
+        if choices is None:
+            continue
+        label = rng.randrange(4)
+        choices.insert(label, lines[at])
+        rows.append(
+            {
+                "instruction": next_line_prompt(title, "\n".join(context)),
+                "output": lines[at],
+                "choices": choices,
+                "label": label,
+                "play": title,
+                "kind": "next_line",
+            }
+        )
+    return rows
+
+
+def _spoken(line: str) -> bool:
+    return line != line.upper()  # the corpus holds a few speakers' names as lines
+
+
+def _askable(lines: list[str], first: int, at: int) -> bool:
+    """Whether ``lines[at]``, of the speech starting at ``first``, can be asked for: long enough,
+    after quoted lines neither too short nor too long (:data:`MIN_PASSAGE_CHARS`,
+    :data:`MAX_PASSAGE_CHARS`, as for who speaks)."""
+    quoted = "\n".join(lines[max(first, at - CONTEXT_LINES) : at])
+    fits = MIN_PASSAGE_CHARS <= len(quoted) <= MAX_PASSAGE_CHARS
+    return fits and len(lines[at]) >= MIN_LINE_CHARS and _spoken(lines[at])
+
+
+def _distractors(
+    lines: list[str], pool: list[tuple[int, int]], at: int, context: list[str], rng: random.Random
+) -> list[str] | None:
+    """Three lines of ``pool`` (``(length, index)``, sorted) to set beside ``lines[at]``, in random
+    order (see :func:`next_line_questions`); None where one is not found in :data:`DRAWS` draws."""
+    answer = lines[at]
+    shorter = rng.randrange(4)
+    bounds = [(round(len(answer) * (1 - LENGTH_SLACK)), len(answer) - 1)] * shorter
+    bounds += [(len(answer) + 1, round(len(answer) * (1 + LENGTH_SLACK)))] * (3 - shorter)
+    chosen: list[str] = []
+    for shortest, longest in bounds:
+        low = bisect.bisect_left(pool, (shortest, -1))
+        high = bisect.bisect_right(pool, (longest, len(lines)))
+        for _ in range(DRAWS if high > low else 0):
+            i = pool[rng.randrange(low, high)][1]
+            line = lines[i]
+            clash = any(line.startswith(c) or c.startswith(line) for c in (answer, *chosen))
+            if abs(i - at) > NEAR_LINES and line not in context and not clash:
+                chosen.append(line)
+                break
+        else:
+            return None
+    rng.shuffle(chosen)  # else the choices' order would tell which were drawn shorter
+    return chosen
 
 
 def _eligible(speaker: str, speeches: int) -> bool:
@@ -241,23 +377,29 @@ def _weighted_sample(names: list[str], weights: list[int], k: int, rng: random.R
 
 
 def question_splits(text: str, seed: int = 1337) -> dict[str, list[dict[str, Any]]]:
-    """Split -> rows: the test plays' questions (:data:`TEST_PER_PLAY` of each, drawn by the seed)
-    for test; the other plays' for train, but :data:`VALIDATION_PER_PLAY` of each for validation.
+    """Split -> rows of every kind: the test plays' questions (:data:`TEST_PER_PLAY` of each kind
+    and play, drawn by the seed) for test; the other plays' for train, but
+    :data:`VALIDATION_PER_PLAY` of each kind and play for validation. Test and validation hold one
+    kind after the other, in :data:`KINDS`' order; train holds them mixed.
 
     Raises:
         DataError: ``text`` is not the built-in corpus (see :func:`split_plays`).
     """
+    makers = {"speaker": play_questions, "next_line": next_line_questions}
     splits: dict[str, list[dict[str, Any]]] = {name: [] for name in SPLITS}
-    for title, play in split_plays(text).items():
-        rows = play_questions(title, play_speeches(play), seed)
-        held_out = min(len(rows), TEST_PER_PLAY if title in TEST_PLAYS else VALIDATION_PER_PLAY)
-        drawn = set(random.Random(f"{seed}:{title}:split").sample(range(len(rows)), held_out))
-        held = [row for i, row in enumerate(rows) if i in drawn]
-        if title in TEST_PLAYS:
-            splits["test"] += held
-        else:
-            splits["validation"] += held
-            splits["train"] += [row for i, row in enumerate(rows) if i not in drawn]
+    plays = {title: play_speeches(play) for title, play in split_plays(text).items()}
+    for kind in KINDS:
+        for title, speeches in plays.items():
+            rows = makers[kind](title, speeches, seed)
+            held_out = min(len(rows), TEST_PER_PLAY if title in TEST_PLAYS else VALIDATION_PER_PLAY)
+            draw = f"{seed}:{title}:split" if kind == "speaker" else f"{seed}:{title}:{kind}:split"
+            drawn = set(random.Random(draw).sample(range(len(rows)), held_out))
+            held = [row for i, row in enumerate(rows) if i in drawn]
+            if title in TEST_PLAYS:
+                splits["test"] += held
+            else:
+                splits["validation"] += held
+                splits["train"] += [row for i, row in enumerate(rows) if i not in drawn]
     random.Random(f"{seed}:train order").shuffle(splits["train"])  # fine-tuning reads plays mixed
     return splits
 

@@ -13,11 +13,25 @@ def sonnets(**_: object) -> datasets.DatasetDict:
 
 
 def play_speakers(seed: int = 1337, **_: object) -> datasets.DatasetDict:
-    """The questions on the held-out plays (test) and on the others' held-out speeches
-    (validation, for few-shot examples), made from the cached corpus as the files are."""
+    """Who speaks these lines: the questions on the held-out plays (test) and on the others'
+    held-out speeches (validation, for few-shot examples), made from the cached corpus as the
+    files are."""
+    return _play_questions("speaker", seed)
+
+
+def play_next_line(seed: int = 1337, **_: object) -> datasets.DatasetDict:
+    """Which line comes next: the questions on the held-out plays (test) and on the others'
+    held-out speeches (validation), made from the cached corpus as the files are."""
+    return _play_questions("next_line", seed)
+
+
+def _play_questions(kind: str, seed: int) -> datasets.DatasetDict:
     from minigpt.data.play_questions import corpus_splits
 
     splits = corpus_splits(seed)
     return datasets.DatasetDict(
-        {name: datasets.Dataset.from_list(splits[name]) for name in ("validation", "test")}
+        {
+            name: datasets.Dataset.from_list([row for row in splits[name] if row["kind"] == kind])
+            for name in ("validation", "test")
+        }
     )

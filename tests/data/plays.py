@@ -23,6 +23,16 @@ def speech_line(title: str, speaker: str, number: int) -> str:
     return f"{speaker.title()} says line {number} in {title}"
 
 
+def speech_lines(title: str, speaker: str, number: int) -> list[str]:
+    """A speech's lines, each naming its play, of lengths that vary with the speaker and number
+    alike; the second starts lowercase, as a line that carries on a sentence does."""
+    return [
+        speech_line(title, speaker, number),
+        f"and {speaker.lower()} says {number} in {title}",
+        f"So, {speaker.title()} ends {number} in {title}",  # as long as the second
+    ]
+
+
 def synthetic_corpus() -> str:
     """The plays back to back, as the built-in corpus holds them: each its opening speech, then
     every speaker's speeches in turn, some too short to quote."""
@@ -32,8 +42,8 @@ def synthetic_corpus() -> str:
         for number in range(max(SPEAKERS.values())):
             for speaker, count in SPEAKERS.items():
                 if number < count and number % 5:
-                    line = speech_line(title, speaker, number)
-                    speeches.append(f"{speaker}:\n{line}\nAnd a second line of the speech.\n")
+                    lines = "".join(line + "\n" for line in speech_lines(title, speaker, number))
+                    speeches.append(f"{speaker}:\n{lines}")
                 elif number < count:
                     speeches.append(f"{speaker}:\nMy lord.\n")
         plays.append("\n".join(speeches) + "\n")

@@ -1,6 +1,6 @@
-"""The play_speakers task end to end on a stand-in corpus: a base model scored on the plain text, a
-model fine-tuned on conversations through the chat template, each as computed by hand from the ids
-it reads; the chat prompt and answer are the very ids fine-tuning trains on."""
+"""The play_speakers and play_next_line tasks end to end on a stand-in corpus: a base model scored
+on the plain text, a model fine-tuned on conversations through the chat template, each as computed
+by hand from the ids it reads; the chat prompt and answer are the very ids fine-tuning trains on."""
 
 from __future__ import annotations
 
@@ -38,11 +38,17 @@ def test_rows(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict
 
 
 @pytest.fixture
-def stand_in(test_rows, monkeypatch: pytest.MonkeyPatch) -> list[dict]:
-    """The task reads the stand-in corpus; its test rows."""
+def stand_in_corpus(test_rows, monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """The tasks read the stand-in corpus; its test rows of every kind."""
     corpus, rows = test_rows
     monkeypatch.setattr(questions, "shakespeare_path", lambda: corpus)
     return rows
+
+
+@pytest.fixture
+def stand_in(stand_in_corpus: list[dict]) -> list[dict]:
+    """The play_speakers task's test rows on the stand-in corpus."""
+    return [row for row in stand_in_corpus if row["kind"] == "speaker"]
 
 
 def model_for(tokenizer: Tokenizer) -> GPT:
@@ -55,7 +61,7 @@ def model_for(tokenizer: Tokenizer) -> GPT:
 
 
 def char_tokenizer(rows: list[dict]) -> CharTokenizer:
-    return CharTokenizer.from_texts([row["instruction"] + " " + row["output"] for row in rows])
+    return CharTokenizer.from_texts([row["instruction"] + " " + " ".join(row["choices"]) for row in rows])
 
 
 @torch.no_grad()
@@ -88,6 +94,31 @@ def test_a_base_model_is_scored_on_the_plain_question(stand_in: list[dict]) -> N
     acc = {row.metric: row for row in rows}["acc"]
     assert acc.n == LIMIT and acc.value == pytest.approx(accuracy(model, tokenizer, stand_in[:LIMIT]))
     assert result["configs"]["play_speakers"]["test_split"] == "test"
+
+
+def test_a_next_line_is_chosen_by_its_likelihood_and_by_its_likelihood_per_character(
+    stand_in_corpus: list[dict],
+) -> None:
+    # acc: the likeliest line after the plain question and a space; acc_norm: lm-eval divides each
+    # line's log-likelihood (the space's included) by the line's length in characters.
+    limit = 64  # enough questions for the two to differ
+    asked = [row for row in stand_in_corpus if row["kind"] == "next_line"][:limit]
+    tokenizer = char_tokenizer(stand_in_corpus)
+    model = model_for(tokenizer)
+    rows, result = run_tasks(model, tokenizer, ["play_next_line"], TASKS, limit=limit, bootstrap_iters=0)
+    right = {"acc": 0, "acc_norm": 0}
+    for row in asked:
+        context = tokenizer.encode(row["instruction"])
+        scores = [log_likelihood(model, context, tokenizer.encode(" " + line)) for line in row["choices"]]
+        per_character = [score / len(line) for score, line in zip(scores, row["choices"], strict=True)]
+        right["acc"] += scores.index(max(scores)) == row["label"]
+        right["acc_norm"] += per_character.index(max(per_character)) == row["label"]
+    scored = {row.metric: row for row in rows}
+    assert {metric: scored[metric].value for metric in right} == pytest.approx(
+        {metric: count / limit for metric, count in right.items()}
+    )
+    assert right["acc"] != right["acc_norm"] and scored["acc"].n == limit
+    assert result["configs"]["play_next_line"]["test_split"] == "test"
 
 
 def test_a_chat_model_reads_the_question_as_fine_tuning_wrote_it(
