@@ -84,7 +84,7 @@ def chat_model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (folder / "chats.jsonl").write_text("".join(json.dumps(chat) + "\n" for chat in chats * 2))
     files = (folder / "base.safetensors", folder / "chats.jsonl")
     steps = ["--trainer.max_steps", "60", "--trainer.val_check_interval", "60"]
-    batches = ["--data.conversations.batch_size", "16"]
+    batches = ["--data.conversations.batch_size", "4"]  # the 32 chats pack into 6 windows
     fast = ["--model.optim.lr", "1e-2", "--model.optim.warmup_steps", "0", *steps, *batches]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)
