@@ -26,14 +26,25 @@ from pathlib import Path
 
 import pytest
 import tiktoken
+import torch
 
-from minigpt.common import sha256_file
+from minigpt.common import available_cores, sha256_file
 from minigpt.data import GPT2Tokenizer, load_gpt2_encoding
 from minigpt.data import gpt2_encoding as ranks_module
 from minigpt.data.cache import CACHE_ENV, cache_dir
 
 RANKS_FIXTURES = {"gpt2_encoding"}
 """Fixtures that need GPT-2's ranks (from the user's cache, else fetched from the package index)."""
+
+WORKER_COUNT = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+"""How many pytest-xdist workers run the suite (`-n`, 2 in pyproject.toml); 0 in one process."""
+
+if WORKER_COUNT:
+    # Each worker's share of the cores, for its torch and the processes its tests start: two
+    # workers of two threads each on two cores would spin against each other in OpenMP.
+    WORKER_THREADS = max(1, available_cores() // WORKER_COUNT)
+    os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
+    torch.set_num_threads(WORKER_THREADS)
 
 
 def package_index_url() -> str:
@@ -94,10 +105,18 @@ def gpt2_ranks_unobtainable(
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests that use a fixture needing GPT-2's ranks, before `-m` selects on the marker."""
+    """Mark the tests that use a fixture needing GPT-2's ranks, before `-m` selects on the marker.
+    On pytest-xdist's workers, also order the files for the workers to take."""
     for item in items:
         if RANKS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.gpt2_ranks)
+    if WORKER_COUNT:
+        # Files go to the workers whole (`--dist loadfile`), in this order: the files with the most
+        # tests that start processes first, so that no long file is left to run alone at the end.
+        slow: dict[Path, int] = {}
+        for item in items:
+            slow[item.path] = slow.get(item.path, 0) + bool(item.get_closest_marker("slow"))
+        items.sort(key=lambda item: -slow[item.path])  # stable: the rest keep their order
 
 
 @pytest.hookimpl(trylast=True)

@@ -174,6 +174,9 @@ def check_pytest(args: list[str], config: pytest.Config) -> None:
             assert re.search(r"^python -m pytest$", ci_script(), re.M), "CI runs another test command"
         case ["-m", expression]:
             assert set(expression.split()) - {"not", "and", "or"} <= declared, expression
+        case ["-n", workers, *paths]:
+            assert workers.isdigit() and paths, args
+            assert all((REPO / path).exists() for path in paths), paths
         case _:
             pytest.fail(f"no check for pytest {shlex.join(args)}")
 

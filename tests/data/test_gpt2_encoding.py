@@ -198,7 +198,7 @@ def test_the_ranks_tests_run_offline_where_the_ranks_are_cached(ranks_bytes: byt
     cache.mkdir()
     (cache / module.CACHE_FILE_NAME).write_bytes(ranks_bytes)
     test = f"{Path(__file__).resolve()}::{test_gpt2s_own_ranks_load_offline.__name__}"
-    command = [sys.executable, "-m", "pytest", test, "-rs", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", test, "-rs", "-n", "0", "-p", "no:cacheprovider"]
     command += ["--basetemp", str(tmp_path / "tmp")]
     # The discard port refuses at once.
     env = {**os.environ, "MINIGPT_CACHE": str(cache), "PIP_INDEX_URL": "http://127.0.0.1:9/simple/"}

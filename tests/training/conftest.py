@@ -98,9 +98,9 @@ def tiny_args(corpus: Path, out_dir: Path, *extra: str) -> list[str]:
 
 # -- Runs that several tests read ------------------------------------------------------------
 # A launch of train.py on two CPU processes costs 10-30 s, most of it two Pythons importing
-# Lightning, so each run below serves every check it can. They are session fixtures, so that
-# test_ddp_equivalence.py and test_logging_ddp.py share them; a run's folder is left as it is
-# once its fixture returns.
+# Lightning, so each run below serves every check it can. Their checks are test_ddp.py's, in one
+# file so that pytest-xdist runs them on one worker and each run is launched once; a run's folder
+# is left as it is once its fixture returns.
 
 ENV = {"PYTHONPATH": str(REPO)}
 """train.py imports the probes and faults below from this repository's tests package."""

@@ -39,7 +39,7 @@ SIGNAL_RUNS = {
     "twice SIGTERM": ("SignalTwiceAt", signal.SIGTERM),
 }
 """train.py runs signalled during step 7, each in a process of its own. A single SIGTERM in a real
-process is the two-process test's (test_logging_ddp.py), and test_resume.py's in-process run
+process is the two-process test's (test_ddp.py), and test_resume.py's in-process run
 checks its exit status and checkpoint."""
 
 

@@ -231,7 +231,7 @@ def test_the_same_in_fp32_where_the_cpu_has_native_bf16(tmp_path: Path) -> None:
         pytest.skip("this CPU has no native bf16: the tests above already ran in fp32")
     test = f"{Path(__file__).relative_to(REPO)}::test_a_small_yaml_run_stopped_by_sigterm_resumes_bit_exactly"
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", test],
         cwd=REPO,
         capture_output=True,
         text=True,
