@@ -24,7 +24,7 @@ from minigpt.checkpoints import load_model
 from minigpt.common import UsageError, one_line
 from minigpt.common.text import TextStream
 from minigpt.data import DataError, Tokenizer
-from minigpt.data.chat import ChatEncoder, ChatTemplateText
+from minigpt.data.chat import ChatPrompt, ChatTemplateText, chat_prompt
 from minigpt.data.tokenizer import ChatTokenizer
 from minigpt.model import GPT, generate_tokens, optimize_for_decoding
 from minigpt.training.config import SampleConfig
@@ -34,9 +34,6 @@ from .common import USER_ERRORS, options_parser, parse_options, report
 PROMPT = "you> "
 INTERRUPTED = 130
 """Exit code of Ctrl-C at the prompt: 128 + SIGINT."""
-BASE_MODEL_STOP = ("\n\n",)
-"""Where a base model's turn ends in the template's plain form: the blank line after each speech
-(the server's default chat stop too)."""
 HELP = """\
 /reset        forget the conversation; the system message stays
 /system TEXT  set the system message and start over (/system alone removes it)
@@ -129,27 +126,17 @@ def turns_to_drop(
 
 
 class ChatFormat:
-    """How a conversation becomes the model's prompt, and which ids and strings end its answer."""
+    """How a conversation becomes the model's prompt (`minigpt.data.chat.chat_prompt`)."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.tuned = isinstance(tokenizer, ChatTokenizer)
         """Whether the model was fine-tuned on conversations: its tokenizer has the chat markers."""
         self._template = ChatTemplateText.load()
-        if isinstance(tokenizer, ChatTokenizer):  # self.tuned, spelled so type checkers see it
-            self._encoder = ChatEncoder(tokenizer, self._template)
-            # It learned to end with the end marker; an answer's text never holds any marker's id.
-            self.stop_ids = {tokenizer.eot_id, *tokenizer.ids.values()} - {None}
-            self.stops: tuple[str, ...] = ()
-        else:
-            self.stop_ids = {tokenizer.eot_id} - {None}
-            self.stops = BASE_MODEL_STOP
 
-    def prompt_ids(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """The ids that prompt the model for the answer to `messages`."""
-        if self.tuned:
-            return self._encoder.prompt_ids(messages)
-        return self.tokenizer.encode(self._template.render(messages, add_generation_prompt=True))
+    def prompt(self, messages: Sequence[Mapping[str, str]]) -> ChatPrompt:
+        """The prompt for the answer to `messages`, and what ends the answer."""
+        return chat_prompt(messages, self.tokenizer, self._template)
 
 
 class Chat:
@@ -215,9 +202,10 @@ class Chat:
             UsageError: The message does not fit the model's context, even alone.
             DataError: The tokenizer cannot encode the message.
         """
-        conversation, length = self.conversation, lambda messages: len(self.format.prompt_ids(messages))
+        conversation, length = self.conversation, lambda messages: len(self.format.prompt(messages).ids)
         dropped = turns_to_drop(conversation, message, length, self.context - self.answer_room)
-        ids = self.format.prompt_ids(conversation.messages(message, dropped))
+        prompt = self.format.prompt(conversation.messages(message, dropped))
+        ids = prompt.ids
         if len(ids) > self.context:
             raise UsageError(
                 f"the message does not fit: its prompt has {len(ids)} tokens, "
@@ -232,16 +220,16 @@ class Chat:
         if self.opts.show_prompt:
             text = self.format.tokenizer.decode(ids)
             print(f"--- prompt, {len(ids)} tokens ---\n{text}\n---", file=sys.stderr, flush=True)
-        conversation.turns.append((message, self.stream(ids)))
+        conversation.turns.append((message, self.stream(prompt)))
 
-    def stream(self, ids: list[int]) -> str:
-        """Write the answer to the prompt `ids` as it is decoded; what was written."""
+    def stream(self, prompt: ChatPrompt) -> str:
+        """Write the answer to `prompt` as it is decoded; what was written."""
         shown: list[str] = []
-        text = TextStream(self.format.tokenizer.decode, self.format.stops)
-        prompt = torch.tensor([ids], device=self.device)
+        text = TextStream(self.format.tokenizer.decode, prompt.stop)
+        ids = torch.tensor([prompt.ids], device=self.device)
         steps = generate_tokens(
             self.model,
-            prompt,
+            ids,
             self.sample.max_new_tokens,
             **self.sample.sampling(),
             use_cache=self.opts.cache,
@@ -250,7 +238,7 @@ class Chat:
         interrupted = False
         try:
             for token in steps:
-                if token.item() in self.format.stop_ids:
+                if token.item() in prompt.stop_ids:
                     break
                 write(text.push(token.item()), shown)
                 if text.stopped:

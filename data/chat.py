@@ -13,12 +13,16 @@ The trained ids are those of the assistant's turns: what rendering a message add
 generation prompt that comes before it (its text and the end marker). The template must render
 a conversation turn by turn (each shorter conversation's text, then the generation prompt's, a
 prefix of the longer one's), as the shipped one does.
+
+:func:`chat_prompt` is how a model is asked for its next turn, in the server and in ``chat.py``:
+with the markers for a model fine-tuned on conversations, as plain speaker turns for a base model.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,12 +30,14 @@ from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from .errors import DataError
-from .tokenizer import ChatTokenizer
+from .tokenizer import ChatTokenizer, Tokenizer
 
 CHAT_TEMPLATE = Path(__file__).parents[1] / "server" / "chat_template.jinja"
 """The one chat template, which the server applies too."""
 ROLES = ("system", "user", "assistant")
 """The roles a message may have."""
+BASE_MODEL_STOP = ("\n\n",)
+"""Where a base model's turn ends in the template's plain form: the blank line after a speech."""
 
 _PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")  # private-use characters: no template writes them
 
@@ -148,3 +154,42 @@ class ChatEncoder:
         if not ids:
             return np.zeros(0, np.uint32), np.zeros(0, bool)
         return np.concatenate(ids).astype(np.uint32, copy=False), np.concatenate(learn)
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """What a conversation asks of a model: the prompt's ids, and what ends the model's turn."""
+
+    ids: list[int]
+    stop: tuple[str, ...] = ()
+    """Strings that end the turn (a base model's)."""
+    stop_ids: tuple[int, ...] = ()
+    """Token ids that end the turn: end of text, and a chat-tuned model's markers."""
+
+
+def chat_prompt(
+    messages: Sequence[Mapping[str, str]],
+    tokenizer: Tokenizer,
+    template: ChatTemplateText,
+    base_stop: tuple[str, ...] = BASE_MODEL_STOP,
+) -> ChatPrompt:
+    """The prompt for the assistant's reply to ``messages``, in the form ``tokenizer``'s model reads.
+
+    A model fine-tuned on conversations (its tokenizer a :class:`ChatTokenizer`) gets the ids it
+    was trained on (:meth:`ChatEncoder.prompt_ids`), and its turn ends at any marker: it learned to
+    end with the end marker, and an answer's text never holds a marker's id. A base model gets the
+    template's plain text, and its turn ends at ``base_stop``.
+
+    Raises:
+        DataError: The template refuses or cannot render the conversation, or a message holds
+            text the tokenizer cannot encode.
+    """
+    ends = () if tokenizer.eot_id is None else (tokenizer.eot_id,)
+    if isinstance(tokenizer, ChatTokenizer):
+        ids = ChatEncoder(tokenizer, template).prompt_ids(messages)
+        return ChatPrompt(ids, stop_ids=(*ends, *sorted(tokenizer.ids.values())))
+    try:
+        text = template.render(messages, add_generation_prompt=True)
+    except TemplateError as error:
+        raise DataError(f"{template.name} cannot render the conversation: {error}") from None
+    return ChatPrompt(tokenizer.encode(text), stop=base_stop, stop_ids=ends)

@@ -45,8 +45,8 @@ UNION_MEMBERS = {"str", "int", "float", "bool", "list", "dict"}
 """Type names pydantic puts in an error's location when a field may be of several types."""
 
 
-def error_body(message: str, type_: str, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": None}}
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
@@ -96,7 +96,7 @@ def create_app(engine: Engine, chat: ChatTemplate, api_key: str | None = None) -
 
     @app.exception_handler(ClientError)
     async def client_error(request: Request, err: ClientError) -> JSONResponse:
-        return JSONResponse(error_body(str(err), err.type, err.param), status_code=err.status)
+        return JSONResponse(error_body(str(err), err.type, err.param, err.code), status_code=err.status)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -166,7 +166,7 @@ def create_app(engine: Engine, chat: ChatTemplate, api_key: str | None = None) -
     async def chat_completions(request: ChatRequest) -> JSONResponse | TurnStream:
         check_model(request)
         prompt = chat.prompt(request.conversation(), engine.tokenizer)
-        ids = engine.prompt_ids(prompt.prompt)
+        ids = engine.prompt_ids(prompt.ids)
         k = (request.top_logprobs or 0) if request.logprobs else None
         budget = request.token_budget(engine.limits)
         sampling = request.sampling(engine.limits, budget, k, prompt.stop, prompt.stop_ids)

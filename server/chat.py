@@ -17,7 +17,6 @@ Pass another file to the server to replace the template.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
 
@@ -25,27 +24,15 @@ from jinja2 import TemplateError
 
 from minigpt.common import UsageError
 from minigpt.data import DataError, Tokenizer
-from minigpt.data.chat import ChatEncoder, ChatTemplateText
+from minigpt.data.chat import BASE_MODEL_STOP, ChatPrompt, ChatTemplateText, chat_prompt
 from minigpt.data.tokenizer import ChatTokenizer
 
 from .errors import RequestError
 
 DEFAULT_TEMPLATE = Path(__file__).with_name("chat_template.jinja")
 """The template for base and chat-tuned models alike."""
-DEFAULT_STOP = ("\n\n",)
+DEFAULT_STOP = BASE_MODEL_STOP
 """Where the default template's assistant turn ends for a base model: the blank line after a speech."""
-
-
-@dataclass(frozen=True)
-class ChatPrompt:
-    """What a conversation asks of the model: its prompt, and what ends the assistant's turn."""
-
-    prompt: str | list[int]
-    """The rendered text (a base model) or the token ids (a chat-tuned model)."""
-    stop: tuple[str, ...] = ()
-    """Strings that end the turn."""
-    stop_ids: tuple[int, ...] = ()
-    """Token ids that end the turn."""
 
 
 class ChatTemplate:
@@ -79,16 +66,12 @@ class ChatTemplate:
             raise RequestError(f"the chat template cannot render these messages: {err}", "messages") from None
 
     def prompt(self, messages: Sequence[Mapping[str, str]], tokenizer: Tokenizer) -> ChatPrompt:
-        """The prompt for `messages` in the form `tokenizer` reads: with markers for a chat-tuned
-        model, whose turn ends at any marker (it learned to end with the end marker; an answer's
-        text never holds a marker's id), plain text and the stop strings for a base model."""
-        if reads_markers(tokenizer):
-            try:
-                ids = ChatEncoder(tokenizer, self.text).prompt_ids(messages)
-            except DataError as err:
-                raise RequestError(str(err), "messages") from None
-            return ChatPrompt(ids, stop_ids=tuple(tokenizer.ids.values()))
-        return ChatPrompt(self.render(messages), stop=self.stop)
+        """The prompt for `messages` in the form `tokenizer` reads (`minigpt.data.chat.chat_prompt`):
+        with markers for a chat-tuned model, plain text ending at the stop strings for a base one."""
+        try:
+            return chat_prompt(messages, tokenizer, self.text, base_stop=self.stop)
+        except DataError as err:
+            raise RequestError(str(err), "messages") from None
 
 
 def reads_markers(tokenizer: Tokenizer) -> TypeGuard[ChatTokenizer]:
