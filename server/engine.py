@@ -25,7 +25,7 @@ from minigpt.data import Tokenizer
 from minigpt.model import GPT, generate_steps
 from minigpt.viz.attention import token_labels
 
-from .errors import Overloaded, RequestError
+from .errors import CONTEXT_LENGTH_EXCEEDED, Overloaded, RequestError
 
 
 @dataclass(frozen=True)
@@ -205,6 +205,7 @@ class Engine:
             raise RequestError(
                 f"the prompt has {len(ids)} tokens; this model's context is {self.context_length} tokens",
                 "prompt",
+                CONTEXT_LENGTH_EXCEEDED,
             )
         return ids
 

@@ -9,13 +9,20 @@ class ClientError(ValueError):
     status = 400
     type = "invalid_request_error"
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
+        """A name for the error that clients can act on, as OpenAI's `code` (None: none)."""
 
 
 class RequestError(ClientError):
     """A request beyond the model's or the server's limits, or malformed (400)."""
+
+
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+"""The code of a prompt longer than the model's context, OpenAI's name for it: the page's chat view
+then leaves the oldest turns out and asks again."""
 
 
 class UnknownModel(ClientError):

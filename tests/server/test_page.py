@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import openai
 import pytest
 import torch
 
@@ -130,6 +131,63 @@ def test_the_chat_view_streams_the_answers_of_a_conversation(chat_served: Served
         assert page.input_value("#chat-input") == "too long " * 8
         assert page.locator("#messages .msg").count() == 0
     assert (tmp_path / "chat.png").stat().st_size > 10_000
+
+
+@needs_chromium
+@pytest.mark.slow  # the chat model of the test above
+def test_a_conversation_longer_than_the_context_leaves_its_oldest_turns_out(chat_served: Served) -> None:
+    """Past the model's 64 tokens, each message leaves out the oldest turns until the prompt fits,
+    as chat.py does: each try the server refuses (context_length_exceeded) drops one turn. The
+    answers are the API's for what the page sent, and the turns left out are shown faded."""
+    client = chat_served.client()
+    system = [{"role": "system", "content": "Echo."}]
+    conversation: list[dict[str, str]] = []
+    first = refusals = 0  # the oldest messages left out; the server's refusals on the way
+    words = ["hi", "yes", "no", "ok", "bye", "up", "on", "go"]
+    expected = []
+    for word in words:  # what the page must do, through the API
+        conversation.append({"role": "user", "content": word})
+        while True:
+            try:
+                api = client.chat.completions.create(
+                    model=CHAT_NAME, messages=system + conversation[first:], temperature=0
+                )
+                break
+            except openai.BadRequestError as error:
+                assert error.code == "context_length_exceeded", error
+                first, refusals = first + 2, refusals + 1
+        conversation.append({"role": "assistant", "content": api.choices[0].message.content})
+        expected.append(first)
+    assert first > 0, "the conversation never outgrew the context: the test needs more turns"
+    with browsing(chat_served, refused=refusals) as page:
+        page.click("#tab-chat")
+        page.fill("#system", "Echo.")
+        page.fill("#chat_temperature", "0")
+        for turn, word in enumerate(words, start=1):
+            page.fill("#chat-input", word)
+            page.press("#chat-input", "Enter")
+            page.wait_for_function(
+                f"document.querySelectorAll('#messages .msg.assistant:not(.pending)').length === {turn}"
+            )
+            dropped = expected[turn - 1]
+            if dropped > (expected[turn - 2] if turn > 1 else 0):
+                assert page.inner_text("#status").endswith(
+                    f"its oldest {dropped // 2} turn(s) are left out"
+                ), page.inner_text("#status")
+        texts = page.locator("#messages .msg .text").all_inner_texts()
+        assert texts == [m["content"] for m in conversation]
+        faded = page.locator("#messages .msg").evaluate_all(
+            "divs => divs.map(d => d.classList.contains('out'))"
+        )
+        assert faded == [i < first for i in range(len(conversation))]
+        page.click("#reset")  # a new conversation sends everything again
+        page.fill("#chat-input", "hi")
+        page.press("#chat-input", "Enter")
+        page.wait_for_function(
+            "document.querySelectorAll('#messages .msg.assistant:not(.pending)').length === 1"
+        )
+        assert page.locator("#messages .msg.out").count() == 0
+        assert page.inner_text("#messages .msg.assistant .text") == conversation[1]["content"]
 
 
 def chip_weights(page: object) -> list[float]:
