@@ -168,15 +168,19 @@ class LogRecords(logging.Handler):
         self.text += record.getMessage() + "\n"
 
     def __enter__(self) -> LogRecords:
+        # setLevel, not an assignment to `level`: loggers cache what each level's isEnabledFor gave,
+        # and only setLevel clears that cache. A logger asked at INFO while its level was WARNING
+        # (by an earlier test in this process) would otherwise stay silent at INFO.
         logger = logging.getLogger("minigpt")
-        self.level, logger.level = logger.level, logging.INFO
+        self.level = logger.level
+        logger.setLevel(logging.INFO)
         logger.addHandler(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         logger = logging.getLogger("minigpt")
         logger.removeHandler(self)
-        logger.level = self.level
+        logger.setLevel(self.level)
 
 
 @pytest.fixture
