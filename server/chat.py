@@ -20,8 +20,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TypeGuard
 
-from jinja2 import TemplateError
-
 from minigpt.common import UsageError
 from minigpt.data import DataError, Tokenizer
 from minigpt.data.chat import BASE_MODEL_STOP, ChatPrompt, ChatTemplateText, chat_prompt
@@ -57,13 +55,6 @@ class ChatTemplate:
         except (OSError, UnicodeDecodeError) as err:
             raise UsageError(f"cannot read the chat template {path}: {err}") from None
         return cls(source, stop, name=str(path))
-
-    def render(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """A base model's prompt for `messages`: the plain text, ending where the reply begins."""
-        try:
-            return self.text.render(messages, add_generation_prompt=True)
-        except TemplateError as err:
-            raise RequestError(f"the chat template cannot render these messages: {err}", "messages") from None
 
     def prompt(self, messages: Sequence[Mapping[str, str]], tokenizer: Tokenizer) -> ChatPrompt:
         """The prompt for `messages` in the form `tokenizer` reads (`minigpt.data.chat.chat_prompt`):

@@ -7,9 +7,10 @@ import string
 import pytest
 
 from minigpt.data import DataError
-from minigpt.data.chat import CHAT_TEMPLATE, ChatEncoder, ChatTemplateText
+from minigpt.data.chat import CHAT_TEMPLATE, ChatEncoder, ChatTemplateText, chat_prompt
 from minigpt.data.tokenizer import CharTokenizer, ChatTokenizer, with_chat_tokens
 from minigpt.server import DEFAULT_TEMPLATE, ChatTemplate
+from minigpt.server.errors import RequestError
 
 CHAT = [
     {"role": "system", "content": "Be brief."},
@@ -29,7 +30,7 @@ def test_training_reads_the_template_the_server_applies() -> None:
     assert CHAT_TEMPLATE.resolve() == DEFAULT_TEMPLATE.resolve()
     # Without markers (a base model) both render the plain speaker turns, the same text.
     ours = ChatTemplateText.load().render(CHAT[:4], add_generation_prompt=True)
-    assert ours == ChatTemplate.load().render(CHAT[:4])
+    assert ours == ChatTemplate.load().text.render(CHAT[:4], add_generation_prompt=True)
     assert ours == (
         "SYSTEM:\nBe brief.\n\nUSER:\nHi <|end|> there\n\n\nASSISTANT:\nHello.\n\nUSER:\nBye?\n\nASSISTANT:\n"
     )
@@ -85,3 +86,26 @@ def test_templates_that_cannot_train_are_data_errors(chat_tokenizer: ChatTokeniz
         ChatTemplateText.load("nowhere.jinja")
     with pytest.raises(DataError, match="unknown role end"):
         ChatEncoder(chat_tokenizer).encode([{"role": "end", "content": "x"}])
+
+
+def test_a_prompt_is_the_markers_ids_for_a_tuned_model_and_the_plain_text_for_a_base_one(
+    chat_tokenizer: ChatTokenizer,
+) -> None:
+    template = ChatTemplateText.load()
+    tuned = chat_prompt(CHAT[:4], chat_tokenizer, template)
+    assert tuned.ids == ChatEncoder(chat_tokenizer, template).prompt_ids(CHAT[:4])
+    assert chat_tokenizer.ids["end"] in tuned.stop_ids and tuned.stop == ()
+    base_tokenizer = CharTokenizer.from_texts([string.printable])
+    base = chat_prompt(CHAT[:4], base_tokenizer, template, base_stop=("\n\n", "USER:"))
+    assert base.ids == base_tokenizer.encode(template.render(CHAT[:4], add_generation_prompt=True))
+    assert base.stop == ("\n\n", "USER:") and chat_tokenizer.ids["end"] not in base.stop_ids
+
+
+def test_a_template_that_refuses_a_conversation_is_a_data_error_and_the_servers_400() -> None:
+    refusing = "{{ raise_exception('no system messages') }}"
+    base_tokenizer = CharTokenizer.from_texts([string.printable])
+    with pytest.raises(DataError, match="^strict.jinja cannot render the conversation: no system messages$"):
+        chat_prompt(CHAT[:4], base_tokenizer, ChatTemplateText(refusing, name="strict.jinja"))
+    with pytest.raises(RequestError, match="no system messages") as refused:
+        ChatTemplate(refusing).prompt(CHAT[:4], base_tokenizer)
+    assert refused.value.status == 400 and refused.value.param == "messages"

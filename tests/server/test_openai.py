@@ -62,7 +62,7 @@ def test_streams_give_the_same_text_as_whole_answers(served: Served) -> None:
 def test_chat_is_the_template_rendered_and_continued_until_its_stop(served: Served) -> None:
     messages = [{"role": "system", "content": "Speak."}, {"role": "user", "content": "Who is there?"}]
     answer = served.client().chat.completions.create(model=NAME, messages=messages, max_tokens=40, seed=11)
-    prompt = ChatTemplate.load().render(messages)
+    prompt = ChatTemplate.load().text.render(messages, add_generation_prompt=True)
     assert prompt == "SYSTEM:\nSpeak.\n\nUSER:\nWho is there?\n\nASSISTANT:\n"
     continuation = project_sample(served, prompt, 40, 11)
     choice = answer.choices[0]
