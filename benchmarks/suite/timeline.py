@@ -73,3 +73,25 @@ class Timeline(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write(trainer, "train_end", steps_s=round(self.steps_s, 3))
+
+
+class StepTimes(L.Callback):
+    """Notes when each training step ends (`perf_counter`) and the first 30 losses, and writes
+    them to `path` as JSON (`{"ends": [...], "losses": [...]}`) when training ends: what
+    step_overhead.py compares with its bare loop."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.ends: list[float] = []
+        self.losses: list[float] = []
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, *args: Any
+    ) -> None:
+        self.ends.append(time.perf_counter())
+        if len(self.losses) < 30:
+            self.losses.append(float(outputs["loss"]))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.is_global_zero:
+            self.path.write_text(json.dumps({"ends": self.ends, "losses": self.losses}))
