@@ -18,6 +18,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy, ParallelStrategy, SingleDeviceStrategy
 
 # -- the trainer and its loops ------------------------------------------------------------------
 
@@ -83,6 +84,65 @@ def keep_stopped_epoch_open(trainer: L.Trainer, checkpoint: dict[str, Any]) -> N
     for counts in fit["epoch_progress"].values():  # "total" and "current"
         if counts["processed"] == counts["started"]:
             counts["processed"] = counts["completed"] = counts["started"] - 1
+
+
+def optimize_manually(module: L.LightningModule) -> None:
+    """Make `module`'s training step take the optimizer's step itself (manual optimization), with
+    the trainer's `accumulate_grad_batches` as it is, where the strategy lets a step run its own
+    backward pass: on one device and under DDP. Other strategies (FSDP, whose wrapped forward
+    surrounds the whole training step) keep Lightning's automatic optimization.
+
+    Called from the module's `setup`. Relies on `Trainer._run` checking the loop configuration
+    (`_verify_loop_configurations`, which refuses `accumulate_grad_batches` other than 1 under
+    manual optimization) before it calls the `setup` hooks, and on the epoch loop reading
+    `automatic_optimization` at each batch. Needed because the step accumulates micro-batches
+    itself (`LitGPT.training_step`), and the rest of the run (the logging step, the throughput,
+    validation's intervals) keeps reading the accumulation from the trainer, where Lightning
+    counts it too. Tested on Lightning 2.6.6.
+    """
+    strategy = module.trainer.strategy
+    module.automatic_optimization = not isinstance(strategy, SingleDeviceStrategy | DDPStrategy)
+
+
+def carry_step_count(checkpoint: dict[str, Any], manual: bool) -> None:
+    """Give a checkpoint (being loaded) the optimizer steps it took under the other kind of
+    optimization as the count of the kind this run takes: `manual` or automatic. Checkpoints from
+    before the step was written out in `LitGPT.training_step`, and FSDP's, count automatically.
+
+    Relies on the fit loop's state in a checkpoint: `epoch_loop.automatic_optimization.optim_progress`
+    (its `optimizer.step` counts) and `epoch_loop.manual_optimization.optim_step_progress` (the
+    same counts, `total` and `current`, `ready` and `completed`), the one `global_step` is read
+    from depending on the kind. Needed because the other count reads 0: the resumed run would start
+    its schedule and its `max_steps` over. Tested on Lightning 2.6.6.
+    """
+    fit = checkpoint.get("loops", {}).get("fit_loop")
+    if fit is None:
+        return
+    automatic = fit.get("epoch_loop.automatic_optimization.optim_progress", {}).get("optimizer", {})
+    counts = [automatic.get("step"), fit.get("epoch_loop.manual_optimization.optim_step_progress")]
+    if None in counts:
+        return
+    source, target = counts if manual else counts[::-1]
+    if target["total"]["completed"] or not source["total"]["completed"]:
+        return
+    for scope in ("total", "current"):
+        target[scope] = {"ready": source[scope]["ready"], "completed": source[scope]["completed"]}
+
+
+@contextmanager
+def gradients_kept_local(trainer: L.Trainer, keep: bool) -> Iterator[None]:
+    """Within it, with `keep`, a backward pass leaves each rank's gradients on that rank (DDP's
+    `no_sync`): the micro-batches of a step before its last need no all-reduce.
+
+    Relies on `ParallelStrategy.block_backward_sync`, as Lightning's automatic optimization does
+    when it accumulates. Tested on Lightning 2.6.6.
+    """
+    strategy = trainer.strategy
+    if keep and isinstance(strategy, ParallelStrategy):
+        with strategy.block_backward_sync():
+            yield
+    else:
+        yield
 
 
 # -- callbacks ----------------------------------------------------------------------------------

@@ -30,7 +30,13 @@ from minigpt.model import GPT, ConfigError, GPTConfig
 from minigpt.model.vocab import add_token_rows
 
 from .config import LoRAConfig, OptimConfig
-from .lightning_internals import attached_trainer, keep_stopped_epoch_open, set_logging_step
+from .lightning_internals import (
+    carry_step_count,
+    gradients_kept_local,
+    keep_stopped_epoch_open,
+    optimize_manually,
+    set_logging_step,
+)
 from .loggers import step_logs_written
 from .lora import ADAPTER_FOLDER, add_adapters, save_adapter
 from .loss import fused_linear_cross_entropy, next_token_loss, token_losses
@@ -195,6 +201,10 @@ class LitGPT(L.LightningModule):
     ) -> torch.Tensor:
         return next_token_loss(self.model(x, segments=segments, positions=positions), y)
 
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            optimize_manually(self)
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # Lightning logs each step under its own count of optimizer steps, which equals
         # global_step at the start of every batch. A checkpoint saved by the validation Lightning
@@ -203,28 +213,56 @@ class LitGPT(L.LightningModule):
         set_logging_step(self.trainer, self.trainer.global_step)
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
-        """The micro-batch's loss, for its backward pass: `(x, y)`, or packed conversations'
-        `(x, y, segments, positions)`, its mean over the targets that are not -100. Logs
-        `train_loss`, the loss of the step's global batch: the mean over its micro-batches (each
-        as many windows) and over the ranks, whatever their number, on the steps whose logs are
-        written; only those reduce it over the ranks, since the reduction makes every rank wait
-        for the others."""
+        """One micro-batch: `(x, y)`, or packed conversations' `(x, y, segments, positions)`.
+
+        The step is written out here (manual optimization, `optimize_manually`): the forward pass
+        and the backward of the loss over the step's micro-batches; on the micro-batch that ends
+        the step, the optimizer's update (clipping first, in `on_before_optimizer_step`) and the
+        schedule's. Under FSDP, whose backward cannot run inside the step, Lightning takes them.
+        Logs `train_loss`, the loss of the step's global batch (the mean over its micro-batches
+        and over the ranks), on the steps whose logs are written; only those reduce it over the
+        ranks, since the reduction makes every rank wait for the others. Returns the micro-batch's
+        loss (its mean over the targets that are not -100), or under manual optimization its share
+        of the step's (over the number of micro-batches), as Lightning hands callbacks either way."""
         x, y, *packed = batch
-        loss = self.loss(x, y, *packed)
-        trainer = attached_trainer(self)
-        accumulated = 1 if trainer is None else trainer.accumulate_grad_batches
+        trainer = self.trainer
+        accumulated = trainer.accumulate_grad_batches
+        ends_step = (batch_idx + 1) % accumulated == 0 or trainer.is_last_batch
         if batch_idx % accumulated == 0:
             self._step_losses: list[torch.Tensor] = []
+        if self.automatic_optimization:
+            loss = share = self.loss(x, y, *packed)
+        else:
+            loss, share = self._step(x, y, packed, first=batch_idx % accumulated == 0, last=ends_step)
         self._step_losses.append(loss.detach())
-        ends_step = trainer is None or (batch_idx + 1) % accumulated == 0 or trainer.is_last_batch
-        if ends_step and step_logs_written(trainer):
-            # StepProgressBar shows it
+        if ends_step and step_logs_written(trainer):  # StepProgressBar shows it
             self.log("train_loss", torch.stack(self._step_losses).mean(), sync_dist=True)
-        return loss
+        return share
+
+    def _step(
+        self, x: torch.Tensor, y: torch.Tensor, packed: list[torch.Tensor], first: bool, last: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The micro-batch's forward and backward, and on the `last` of a step the update: its
+        loss, and its share of the step's."""
+        optimizer = self.optimizers()
+        if first:
+            optimizer.zero_grad(set_to_none=True)  # as the step starts: callbacks see the last step's
+        loss = self.loss(x, y, *packed)
+        share = loss / self.trainer.accumulate_grad_batches  # the step's gradient: the micro-batches' mean
+        # Lightning runs the whole step under the precision's autocast; the backward pass and the
+        # update run outside it, as they do under automatic optimization.
+        with torch.autocast(self.device.type, enabled=False):
+            with gradients_kept_local(self.trainer, not last):  # no all-reduce before the last micro-batch
+                self.manual_backward(share)
+            if last:
+                optimizer.step()  # through the precision plugin, which calls on_before_optimizer_step
+                self.lr_schedulers().step()
+        return loss, share
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Clipping here rather than through Trainer(gradient_clip_val=...): Lightning refuses that
-        # with fused AdamW under mixed precision, although bf16 needs no gradient unscaling.
+        # with manual optimization (and with fused AdamW under mixed precision); here it runs
+        # after a 16-bit run's scaler has unscaled the gradients.
         if self.optim_config.grad_clip is not None:
             root = self.trainer.strategy.model
             if isinstance(root, FullyShardedDataParallel):
@@ -234,7 +272,7 @@ class LitGPT(L.LightningModule):
                 self.grad_norm = torch.nn.utils.clip_grad_norm_(
                     self.model.parameters(), self.optim_config.grad_clip
                 )
-            if step_logs_written(attached_trainer(self)):
+            if step_logs_written(self.trainer):
                 self.log("grad_norm", self.grad_norm)
 
     def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
@@ -278,6 +316,7 @@ class LitGPT(L.LightningModule):
         if saved["tokenizer"] != self.tokenizer_spec:
             raise ConfigError("checkpoint was trained with a different tokenizer than this run's data uses")
         self._check_adapters(checkpoint.get(LORA_KEY))
+        carry_step_count(checkpoint, manual=not self.automatic_optimization)
         if "torch_rng_state" in checkpoint:
             torch.set_rng_state(checkpoint["torch_rng_state"])
         if self.trainer.state.fn == TrainerFn.FITTING:

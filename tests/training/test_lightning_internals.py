@@ -17,10 +17,13 @@ from lightning.pytorch.loggers import Logger
 from minigpt.training.lightning_internals import (
     PROCESS_OBSERVER,
     attached_trainer,
+    carry_step_count,
     expect_ranks_to_stop,
+    gradients_kept_local,
     help_showing,
     keep_stopped_epoch_open,
     logging_step,
+    optimize_manually,
     save_last_checkpoint,
     set_logging_step,
     step_logs_kept,
@@ -240,3 +243,55 @@ def test_the_process_observer_kills_everyone_for_a_rank_that_stopped_until_told_
     finally:
         launcher.kill()
         launcher.wait()
+
+
+class StepsItself(BoringModel):
+    """Takes the optimizer's step itself every `trainer.accumulate_grad_batches` batches
+    (`optimize_manually`), carrying an automatic checkpoint's step count over as it loads one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def setup(self, stage: str) -> None:
+        optimize_manually(self)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        self.batches += 1
+        optimizer, accumulated = self.optimizers(), self.trainer.accumulate_grad_batches
+        with gradients_kept_local(self.trainer, (batch_idx + 1) % accumulated != 0):
+            self.manual_backward(self.step(batch) / accumulated)
+        if (batch_idx + 1) % accumulated == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        carry_step_count(checkpoint, manual=True)
+
+
+def test_optimize_manually_comes_after_lightnings_check_and_keeps_the_trainers_accumulation(
+    tmp_path: Path,
+) -> None:
+    model = StepsItself()
+    trainer = make_trainer(tmp_path, accumulate_grad_batches=2, max_steps=3)
+    trainer.fit(model)  # Lightning refuses accumulation with manual optimization before setup
+    assert not model.automatic_optimization
+    assert (trainer.global_step, model.batches) == (3, 6)  # optimizer steps, and two batches each
+
+
+def test_carry_step_count_resumes_an_automatic_checkpoint_at_its_step_under_manual_optimization(
+    tmp_path: Path,
+) -> None:
+    automatic = make_trainer(tmp_path, max_steps=3)
+    automatic.fit(BoringModel())
+    automatic.save_checkpoint(tmp_path / "automatic.ckpt")
+    model = StepsItself()
+    trainer = make_trainer(tmp_path, max_steps=5)
+    trainer.fit(model, ckpt_path=tmp_path / "automatic.ckpt")
+    assert (trainer.global_step, model.batches) == (5, 2)  # on from step 3, not from 0
+    # A checkpoint that counted its steps under manual optimization is left as it is.
+    trainer.save_checkpoint(tmp_path / "manual.ckpt")
+    checkpoint = torch.load(tmp_path / "manual.ckpt", weights_only=True)
+    before = repr(checkpoint["loops"])
+    carry_step_count(checkpoint, manual=True)
+    assert repr(checkpoint["loops"]) == before

@@ -265,3 +265,22 @@ def test_a_checkpoint_from_before_the_groups_had_names_resumes_under_the_names_i
         columns = {name for row in csv.DictReader(f) for name, value in row.items() if value}
     assert {c for c in columns if c.startswith("lr-")} == {f"lr-MuonWithAdamW/pg{i}" for i in (1, 2, 3)}
     assert step_losses(older) == step_losses(straight)
+
+
+def test_a_checkpoint_from_before_the_step_was_written_out_resumes_at_its_step(
+    corpus: Path, in_tmp: Path, straight: Path
+) -> None:
+    """Checkpoints written while Lightning took the optimizer's step (automatic optimization) count
+    their steps where manual optimization does not look. They resume at their own step, exactly."""
+    older = in_tmp / "older"
+    assert train_main(small_args(corpus, older, "--trainer.max_steps", "7")) == 0
+    checkpoint = last_checkpoint(older)
+    fit = checkpoint["loops"]["fit_loop"]
+    manual = fit["epoch_loop.manual_optimization.optim_step_progress"]
+    automatic = fit["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]["step"]
+    for scope in ("total", "current"):  # as automatic optimization wrote them
+        automatic[scope] = dict(manual[scope])
+        manual[scope] = {"ready": 0, "completed": 0}
+    torch.save(checkpoint, older / "checkpoints" / "last.ckpt")
+    assert train_main(small_args(corpus, older, "--ckpt_path", "last")) == 0
+    assert step_losses(older) == step_losses(straight)
