@@ -14,6 +14,7 @@ from typing import Any
 import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.profilers import PassThroughProfiler
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
@@ -25,6 +26,7 @@ from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.global_batch import apply_tokens_per_step, planned_accumulation
 from minigpt.training.lightning_internals import help_showing
 from minigpt.training.precision import resolve_precision
+from minigpt.training.profiler import QuietProfiler
 
 from .common import USER_ERRORS
 
@@ -266,6 +268,8 @@ class MiniGPTCLI(LightningCLI):
             environment = getattr(trainer.strategy, "cluster_environment", None)
             if environment is not None:
                 environment.validate_settings(num_devices=trainer.num_devices, num_nodes=trainer.num_nodes)
+            if type(trainer.profiler) is PassThroughProfiler:  # no profiler asked for
+                trainer.profiler = QuietProfiler()
         except (ValueError, MisconfigurationException) as err:
             # Lightning's checks of the accelerator, strategy, devices and cluster: settings the user
             # chose, such as FSDP without a GPU, or devices that disagree with SLURM's tasks.

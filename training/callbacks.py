@@ -9,6 +9,7 @@ These and the others (`throughput.py`, `console.py`, `dashboard.py`) are declare
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 from pathlib import Path
@@ -224,6 +225,8 @@ class StopOnNonFinite(L.Callback):
         if not self._unread:
             return
         unread, self._unread = self._unread, []
+        if len(unread) == 1 and trainer.world_size == 1 and math.isfinite(unread[0][2].item()):
+            return  # one value on one process (each step on a CPU): read as it is, without a stack
         values = torch.stack([value.detach().float().reshape(()) for _, _, value in unread])  # (n,)
         if trainer.world_size > 1:  # every rank stops together, naming the value that went bad
             # torch.distributed's own collective: the strategy's all_gather goes through
