@@ -1,7 +1,8 @@
 """The HTTP application: OpenAI's completions, chat and models routes, health, and the web page.
 
-Every error a client can cause is answered in OpenAI's error shape (`{"error": {"message", "type",
-"param", "code"}}`) with a 4xx status, and a full queue with 503; a request never sees a trace.
+Every error a client can cause, the framework's own refusals included, is answered in OpenAI's
+error shape (`{"error": {"message", "type", "param", "code"}}`) with a 4xx status, and a full queue
+with 503; a request never sees a trace (see `error_handlers.py`).
 Streamed answers are server-sent events, each `data:` a JSON chunk, ending with `data: [DONE]`.
 """
 
@@ -15,18 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Receive, Scope, Send
 
-from minigpt.common import one_line
-from minigpt.data import DataError
-
 from .chat import ChatTemplate, reads_markers
 from .engine import Engine, Sampling, Usage
-from .errors import ClientError, Unauthorized, UnknownModel
+from .error_handlers import add_error_handlers
+from .errors import Unauthorized, UnknownModel
 from .protocol import ChatRequest, Common, CompletionRequest
 from .responses import ChatShape, Choice, CompletionShape, Shape
 
@@ -39,29 +37,6 @@ class AttentionRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     token_ids: list[int] = Field(min_length=1)
-
-
-UNION_MEMBERS = {"str", "int", "float", "bool", "list", "dict"}
-"""Type names pydantic puts in an error's location when a field may be of several types."""
-
-
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def _validation_message(err: RequestValidationError) -> tuple[str, str | None]:
-    """The first problem pydantic found, as one line naming the field."""
-    first = err.errors()[0]
-    # The location holds the union member that was tried ("str", "list[int]"): leave those out.
-    where = [
-        str(part)
-        for part in first.get("loc", ())[1:]
-        if isinstance(part, int) or (str(part).isidentifier() and part not in UNION_MEMBERS)
-    ]
-    message = first.get("msg", "invalid request").removeprefix("Value error, ")
-    if first.get("type") == "json_invalid":
-        return f"the request body is not valid JSON: {message}", None
-    return (f"{'.'.join(where)}: {message}" if where else message), (where[0] if where else None)
 
 
 class TurnStream(EventSourceResponse):
@@ -94,28 +69,14 @@ def create_app(engine: Engine, chat: ChatTemplate, api_key: str | None = None) -
         title="minigpt", summary="An OpenAI-compatible server for a minigpt model", lifespan=lifespan
     )
 
-    @app.exception_handler(ClientError)
-    async def client_error(request: Request, err: ClientError) -> JSONResponse:
-        return JSONResponse(error_body(str(err), err.type, err.param, err.code), status_code=err.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
-        message, field = _validation_message(err)
-        return JSONResponse(error_body(message, "invalid_request_error", field), status_code=400)
-
-    @app.exception_handler(DataError)
-    async def unencodable(request: Request, err: DataError) -> JSONResponse:
-        return JSONResponse(error_body(one_line(err), "invalid_request_error", "prompt"), status_code=400)
-
-    @app.exception_handler(Exception)
-    async def internal(request: Request, err: Exception) -> JSONResponse:
-        return JSONResponse(error_body(one_line(err, with_type=True), "server_error"), status_code=500)
+    add_error_handlers(app)
 
     def authorized(request: Request) -> None:
         if api_key is None:
             return
-        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-        if not secrets.compare_digest(given.encode(), api_key.encode()):
+        # The scheme is case-insensitive (RFC 7235: "bearer" is "Bearer"); the key is not.
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), api_key.encode()):
             raise Unauthorized("a valid API key is needed: send it as 'Authorization: Bearer <key>'")
 
     def check_model(request: Common) -> None:

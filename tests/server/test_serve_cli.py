@@ -115,3 +115,25 @@ def test_with_an_api_key_the_api_needs_it_and_the_page_and_health_do_not(
     assert missing.status_code == wrong.status_code == 401
     assert "API key" in missing.json()["error"]["message"]
     assert right.status_code == health.status_code == page.status_code == 200
+
+
+def test_the_bearer_scheme_is_read_in_any_case_and_the_key_exactly(
+    model_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MINIGPT_API_KEY", "Sesame")
+    server, sock = build_server(ServeOptions(checkpoint=str(model_file), port=0))
+    sock.close()
+    accepted = ["Bearer Sesame", "bearer Sesame", "BEARER Sesame", "bEaReR  Sesame"]
+    refused = ["Bearer sesame", "Bearer Sesame2", "Sesame", "Basic Sesame", "Bearer", ""]
+
+    async def ask(authorization: str) -> httpx.Response:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=server.config.app), base_url="http://test"
+        ) as client:
+            return await client.get("/v1/models", headers={"Authorization": authorization})
+
+    for authorization in accepted:
+        assert asyncio.run(ask(authorization)).status_code == 200, authorization
+    for authorization in refused:
+        answer = asyncio.run(ask(authorization))
+        assert answer.status_code == 401 and "API key" in answer.json()["error"]["message"], authorization
