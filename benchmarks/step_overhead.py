@@ -4,24 +4,23 @@ optimizer, clipping, schedule and data, each timed inside its own process, so th
 validation cancel out.
 
     python benchmarks/step_overhead.py                  # the micro shape, 1,200 steps, 3 rounds
-    python benchmarks/step_overhead.py --shape baby     # nanoGPT's baby GPT through char.yaml
+    python benchmarks/step_overhead.py --shape baby --steps 400 --every 25 --rounds 1
     python benchmarks/step_overhead.py --check          # fp32, and the same losses in both
     python benchmarks/step_overhead.py -- --model.optim.optimizer muon   # settings for both runs
 
 Prefix `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2` to measure a CPU with native bf16 as one
 without it (train.py then trains in fp32).
 
-Each round runs the bare loop and `train.py` one after the other (their order alternating), each in
-a process of its own. The bare loop parses the same command line with train.py's own parser, then
-trains the model that builds with `build_optimizer`, `build_scheduler`, `clip_grad_norm_` and the
-data module's own loader, under the trainer's precision: the work every step must do, and no more.
-`train.py` runs as a user runs it (the config's loggers and callbacks, the console's lines), with a
-callback that notes when each step ends. The bare loop updates the config's weight average
-(EMAWeights) after each step as the callback does: it is the recipe's work, not the loop's.
-Both are timed from the end of step `--skip` to the end of
-the last, so the first steps' one-off costs (allocations, the loader's start) are left out. With
-`--check`, both run in fp32 and the script fails unless their first 30 losses are the same bit for
-bit: the bare loop is then the same arithmetic as the trainer's.
+The bare loop parses the same command line with train.py's own parser, then trains the model that
+builds with `build_optimizer`, `build_scheduler`, `clip_grad_norm_`, the config's weight average
+(EMAWeights' `MovingAverage`, the recipe's work) and the data module's own loader, under the
+trainer's precision: the work every step must do, and no more. `train.py` runs as a user runs it
+(the config's loggers and callbacks, the console's lines), with a callback that takes its turns.
+Both run at once and take turns of `--every` steps (`suite/turns.py`), so a machine whose speed
+drifts within minutes slows both alike; each is timed over its turns after the first `--skip`
+steps, whose one-off costs (allocations, the loader's start) are left out. With `--check`, both
+run in fp32 and the script fails unless their first 30 losses are the same bit for bit: the bare
+loop is then the same arithmetic as the trainer's.
 """
 
 from __future__ import annotations
@@ -33,8 +32,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from suite.turns import per_step, take_turns
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
@@ -81,6 +81,8 @@ def bare_worker(args: list[str], out: Path) -> None:
     from minigpt.training.loss import next_token_loss
     from minigpt.training.optim import build_optimizer, build_scheduler
 
+    from suite.turns import Turns
+
     cli = MiniGPTCLI(
         LitGPT,
         TextDataModule,
@@ -108,9 +110,13 @@ def bare_worker(args: list[str], out: Path) -> None:
     average = None if ema is None else MovingAverage(model, ema.decay)
     bf16 = str(trainer.precision) == "bf16-mixed"
     loader = data.train_dataloader()
-    ends: list[float] = []
+    turns = Turns.from_env()
+    if turns is None:
+        raise SystemExit("error: the bare loop runs under step_overhead.py, which hands out its turns")
+    turns.begin()
+    done = 0
     losses: list[float] = []
-    while len(ends) < steps:
+    while done < steps:
         for x, y in loader:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 loss = next_token_loss(model(x), y)
@@ -124,42 +130,39 @@ def bare_worker(args: list[str], out: Path) -> None:
                 average.update_parameters(model)
             if len(losses) < 30:
                 losses.append(loss.item())
-            ends.append(time.perf_counter())
-            if len(ends) == steps:
+            done += 1
+            turns.step_done(last=done == steps)
+            if done == steps:
                 break
         loader.sampler.set_epoch(loader.sampler.epoch + 1)
-    out.write_text(json.dumps({"ends": ends, "losses": losses}))
+    out.write_text(json.dumps({"turns": turns.turns, "losses": losses}))
 
 
 # -- the rounds --------------------------------------------------------------------------------
 
 
-def timed_train_py(args: list[str], folder: Path) -> dict[str, list[float]]:
-    out = folder / "train.json"
-    command = [sys.executable, str(ROOT / "train.py"), *args]
-    command += ["--trainer.callbacks+=suite.timeline.StepTimes", f"--trainer.callbacks.path={out}"]
-    return _run(command, out, folder / "train.log")
+STEP_TIMES = "suite.timeline.StepTimes"
+"""The callback that takes train.py's turns and notes their times."""
 
 
-def timed_bare(args: list[str], folder: Path) -> dict[str, list[float]]:
-    out = folder / "bare.json"
-    command = [sys.executable, __file__, "--worker", str(out), "--", *args]
-    return _run(command, out, folder / "bare.log")
-
-
-def _run(command: list[str], out: Path, log_file: Path) -> dict[str, list[float]]:
+def one_round(args: list[str], folder: Path, bare_first: bool, every: int) -> dict[str, dict]:
+    """The bare loop and train.py on the same command line, taking turns of `every` steps."""
+    outs = {"bare": folder / "bare.json", "train.py": folder / "train.json"}
+    commands = {
+        "bare": [sys.executable, __file__, "--worker", str(outs["bare"]), "--", *args],
+        "train.py": [sys.executable, str(ROOT / "train.py"), *args, f"--trainer.callbacks+={STEP_TIMES}",
+                     f"--trainer.callbacks.path={outs['train.py']}"],
+    }  # fmt: skip
+    order = ["bare", "train.py"] if bare_first else ["train.py", "bare"]
     env = {**os.environ, "WANDB_MODE": "disabled"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BENCHMARKS), env.get("PYTHONPATH")]))
-    with open(log_file, "w") as log:
-        result = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    if result.returncode != 0:
-        raise SystemExit(f"error: {command[1]} exited {result.returncode}:\n{log_file.read_text()[-3000:]}")
-    return json.loads(out.read_text())
-
-
-def per_step(ends: list[float], skip: int) -> float:
-    """Seconds a step, from the end of step `skip` to the end of the last."""
-    return (ends[-1] - ends[skip - 1]) / (len(ends) - skip)
+    with open(folder / "log.txt", "w") as log:
+        codes = take_turns([commands[n] for n in order], every, folder, env=env, cwd=ROOT, stdout=log,
+                           stderr=subprocess.STDOUT)  # fmt: skip
+    if any(codes):
+        raise SystemExit(f"error: a run failed ({dict(zip(order, codes, strict=True))}):\n"
+                         f"{(folder / 'log.txt').read_text()[-3000:]}")  # fmt: skip
+    return {name: json.loads(out.read_text()) for name, out in outs.items()}
 
 
 def main() -> None:
@@ -170,6 +173,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1200, help="steps in each run")
     p.add_argument("--skip", type=int, default=50, help="steps left out of the timing at each run's start")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--every", type=int, default=50, help="steps a turn")
     p.add_argument(
         "--check", action="store_true", help="fp32, and the first 30 losses must agree bit for bit"
     )
@@ -187,13 +191,9 @@ def main() -> None:
     for r in range(args.rounds):
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            runs = {}
-            order = ("bare", "train.py") if r % 2 == 0 else ("train.py", "bare")
-            for name in order:
-                command = train_args(SHAPES[args.shape], args.steps, extra, folder / name)
-                timer = timed_bare if name == "bare" else timed_train_py
-                runs[name] = timer(command, folder)
-        bare, ours = (per_step(runs[n]["ends"], args.skip) for n in ("bare", "train.py"))
+            command = train_args(SHAPES[args.shape], args.steps, extra, folder / "run")
+            runs = one_round(command, folder, bare_first=r % 2 == 0, every=args.every)
+        bare, ours = (per_step(runs[n]["turns"], args.skip) for n in ("bare", "train.py"))
         same = runs["bare"]["losses"] == runs["train.py"]["losses"]
         rows.append((bare, ours, same))
         print(f"round {r + 1}: bare {bare * 1e3:.2f} ms, train.py {ours * 1e3:.2f} ms, "

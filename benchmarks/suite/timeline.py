@@ -76,22 +76,30 @@ class Timeline(L.Callback):
 
 
 class StepTimes(L.Callback):
-    """Notes when each training step ends (`perf_counter`) and the first 30 losses, and writes
-    them to `path` as JSON (`{"ends": [...], "losses": [...]}`) when training ends: what
-    step_overhead.py compares with its bare loop."""
+    """Takes turns with the bare loop of step_overhead.py (`suite.turns`), and writes the seconds
+    and steps of each turn and the first 30 losses to `path` as JSON (`{"turns": [...], "losses":
+    [...]}`) when training ends."""
 
     def __init__(self, path: str) -> None:
+        from .turns import Turns
+
         self.path = Path(path)
-        self.ends: list[float] = []
+        self.turns = Turns.from_env()
         self.losses: list[float] = []
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.turns is not None:
+            self.turns.begin()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, *args: Any
     ) -> None:
-        self.ends.append(time.perf_counter())
         if len(self.losses) < 30:
             self.losses.append(float(outputs["loss"]))
+        if self.turns is not None:
+            self.turns.step_done(last=trainer.global_step >= trainer.max_steps)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
-            self.path.write_text(json.dumps({"ends": self.ends, "losses": self.losses}))
+            turns = [] if self.turns is None else self.turns.turns
+            self.path.write_text(json.dumps({"turns": turns, "losses": self.losses}))

@@ -1,0 +1,137 @@
+#!/usr/bin/env python
+"""Where the loop's cost per step goes, two ways:
+
+    python benchmarks/experiments/loop_costs.py empty    # Lightning's loop around an empty step
+    python benchmarks/experiments/loop_costs.py split    # train.py at the micro shape, its parts timed
+
+`empty` fits a one-parameter module whose step does nothing, with 15 callbacks that do nothing,
+for 3,000 steps, four ways taking turns in fresh processes: automatic or manual optimization, with
+Lightning's default profiler or `QuietProfiler`; it prints the milliseconds a step from step 50 on.
+`split` runs train.py in this process at step_overhead.py's micro shape in fp32 with the functions
+that make up a step wrapped in timers, and prints each one's milliseconds a step (wrapped calls
+nest: the training step holds the backward, which holds the callbacks' backward hooks).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCHMARKS))
+
+STEPS = 3000
+WAYS = [("automatic", "default"), ("manual", "default"), ("automatic", "quiet"), ("manual", "quiet")]
+
+
+def empty(optimization: str, profiler: str) -> float:
+    """Milliseconds a step of Lightning's loop around a step that does nothing."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    from minigpt.training.profiler import QuietProfiler
+
+    class Nothing(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.automatic_optimization = optimization == "automatic"
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            if self.automatic_optimization:
+                return (self.w * 1.0).sum()
+            self.optimizers().step()
+            return None
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD([self.w], lr=0.0)
+
+    class Ends(L.Callback):
+        def __init__(self) -> None:
+            self.at: list[float] = []
+
+        def on_train_batch_end(self, *unused: Any) -> None:
+            self.at.append(time.perf_counter())
+
+    ends = Ends()
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=STEPS, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[ends] + [L.Callback() for _ in range(15)],
+        profiler=QuietProfiler() if profiler == "quiet" else None,
+    )  # fmt: skip
+    batches = [torch.zeros(1) for _ in range(STEPS)]
+    trainer.fit(Nothing(), DataLoader(batches, batch_size=None))
+    return (ends.at[-1] - ends.at[49]) / (len(ends.at) - 50) * 1e3
+
+
+def split() -> None:
+    import torch
+    from lightning.pytorch.core.module import LightningModule
+    from lightning.pytorch.loops import training_epoch_loop
+    from lightning.pytorch.trainer import call
+
+    from minigpt.cli.train import train_main
+    from minigpt.model import GPT
+    from minigpt.training.averaging import MovingAverage
+    from minigpt.training.lit import LitGPT
+    from step_overhead import SHAPES, train_args
+
+    spent: collections.Counter[str] = collections.Counter()
+
+    def timed(owner: Any, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - start
+
+        setattr(owner, name, wrapper)
+
+    timed(training_epoch_loop._TrainingEpochLoop, "advance", "Lightning's whole batch (advance)")
+    timed(LitGPT, "training_step", "LitGPT.training_step")
+    timed(GPT, "forward", "the forward pass")
+    timed(LightningModule, "manual_backward", "the backward pass, with its hooks")
+    timed(torch.nn.utils, "clip_grad_norm_", "clipping")
+    timed(MovingAverage, "update_parameters", "the weight average")
+    timed(LightningModule, "log", "self.log")
+    timed(call, "_call_callback_hooks", "every callback hook")
+    steps = 1200
+    folder = Path(__import__("tempfile").mkdtemp())
+    args = train_args(SHAPES["micro"], steps, ["--trainer.precision", "32-true"], folder / "run")
+    train_main([*args, "--trainer.enable_progress_bar", "false"])
+    for label, seconds in spent.most_common():
+        print(f"| {label} | {seconds / steps * 1e3:.3f} ms |")
+
+
+def main() -> None:
+    what = sys.argv[1] if len(sys.argv) > 1 else "empty"
+    if what == "split":
+        split()
+    elif what == "empty-one":
+        print(empty(sys.argv[2], sys.argv[3]))
+    else:
+        print("| optimization | profiler | ms a step (3 rounds) |\n|---|---|---|")
+        times: dict[tuple[str, str], list[float]] = {way: [] for way in WAYS}
+        for r in range(3):
+            for way in WAYS[r % len(WAYS) :] + WAYS[: r % len(WAYS)]:
+                out = subprocess.run(
+                    [sys.executable, __file__, "empty-one", *way], capture_output=True, text=True
+                )
+                times[way].append(float(out.stdout.strip().splitlines()[-1]))
+        for way, values in times.items():
+            print(f"| {way[0]} | {way[1]} | {', '.join(f'{v:.3f}' for v in values)} |")
+
+
+if __name__ == "__main__":
+    main()
