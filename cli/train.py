@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import sys
+import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,9 +19,9 @@ from lightning.pytorch.loggers import CSVLogger
 
 from minigpt.checkpoints import CheckpointError, check_readable
 from minigpt.checkpoints.sharded import is_sharded_checkpoint
-from minigpt.common import UsageError
+from minigpt.common import WRITE_FAILURES, UsageError
 from minigpt.data import TextDataModule
-from minigpt.training.callbacks import DivergenceError, SaveAndStopOnSignal
+from minigpt.training.callbacks import CheckpointWriteError, DivergenceError, SaveAndStopOnSignal
 from minigpt.training.lit import LitGPT
 
 from .common import USER_ERRORS, report, resolve_config_args
@@ -27,6 +29,8 @@ from .train_cli import MiniGPTCLI, TrainParser, help_topic
 
 __all__ = ["MiniGPTCLI", "TrainParser", "help_topic", "train_main"]
 """What others import from here; the command line's parsing lives in `train_cli`."""
+
+log = logging.getLogger("minigpt")
 
 
 class SaveAndLogConfig(SaveConfigCallback):
@@ -40,8 +44,12 @@ class SaveAndLogConfig(SaveConfigCallback):
                 logger.log_hyperparams(config)
 
 
-def check_output_dir(out_dir: Path, ckpt_path: str | None) -> None:
-    """Refuse to start a new run on top of another run's checkpoints, or to resume from nothing."""
+def check_output_dir(out_dir: Path, ckpt_path: str | None) -> str | None:
+    """Refuse to start a new run on top of another run's checkpoints, or to resume from nothing.
+
+    Returns the checkpoint to resume from: `ckpt_path` as given, except that `last` without a
+    `last.ckpt` (a save that failed before it, such as a full disk) is the newest checkpoint there.
+    """
     checkpoints = out_dir / "checkpoints"
     if ckpt_path is None and checkpoints.is_dir() and any(checkpoints.glob("*.ckpt")):
         raise UsageError(
@@ -50,17 +58,64 @@ def check_output_dir(out_dir: Path, ckpt_path: str | None) -> None:
         )
     if ckpt_path == "last":
         last = checkpoints / "last.ckpt"
-        if not (last.is_file() or is_sharded_checkpoint(last)):
-            raise UsageError(f"--ckpt_path last: there is no {last} to resume from")
+        if is_sharded_checkpoint(last):
+            return ckpt_path
         if last.is_file():
             check_readable(last)
-    elif ckpt_path is not None:
+            return ckpt_path
+        newest = newest_checkpoint(checkpoints)
+        if newest is None:
+            raise UsageError(f"--ckpt_path last: there is no {last} to resume from")
+        log.info(f"--ckpt_path last: resuming from {newest}, the newest checkpoint there (no {last.name})")
+        ckpt_path = str(newest)
+    if ckpt_path is not None:
         path = Path(ckpt_path)
         if is_sharded_checkpoint(path):  # FSDP's folder of shards
-            return
+            return ckpt_path
         if not path.is_file():
             raise CheckpointError(f"checkpoint not found: {ckpt_path}")
         check_readable(path)
+    return ckpt_path
+
+
+def newest_checkpoint(folder: Path) -> Path | None:
+    """The newest checkpoint in `folder` by modification time, whatever its name (`last.ckpt`
+    where two are as new); None if there is none. Each is complete: the atomic save renames only
+    complete files into place."""
+    found = [path for path in folder.glob("*.ckpt") if path.is_file() or is_sharded_checkpoint(path)]
+    return max(found, key=lambda path: (path.stat().st_mtime_ns, path.name == "last.ckpt"), default=None)
+
+
+def check_run_folder_writable(out_dir: Path) -> None:
+    """Refuse a run folder the run may not write (a read-only place, another user's folder, a
+    parent that cannot be created) before the run starts, rather than with a traceback from the
+    middle of Lightning's setup."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as err:
+        why = WRITE_FAILURES.get(err.errno or 0) or (err.strerror or str(err)).lower()
+        # Name the parent that could not be created; a failure inside the run folder is the folder's.
+        failed = Path(os.fsdecode(err.filename or out_dir)).absolute()
+        where = "" if failed.is_relative_to(out_dir.absolute()) else f" at {failed}"
+        raise UsageError(f"cannot write the run folder {out_dir}: {why}{where}") from None
+
+
+def resume_advice(out_dir: Path, folder: Path) -> str:
+    """What to resume from after a checkpoint in `folder` could not be written, and how."""
+    newest = newest_checkpoint(folder)
+    if newest is None:
+        return "no checkpoint was written"
+    checkpoints = out_dir / "checkpoints"
+    last = checkpoints / "last.ckpt"
+    # `--ckpt_path last` takes last.ckpt where there is one, else the newest (check_output_dir).
+    in_run = folder.resolve() == checkpoints.resolve()
+    how = "last" if in_run and (newest.name == last.name or not last.exists()) else newest
+    return (
+        f"the newest complete checkpoint is {newest}; once there is room or the folder is writable, "
+        f"resume from it with the same command and --ckpt_path {how}"
+    )
 
 
 def wants_help(argv: Sequence[str]) -> bool:
@@ -101,13 +156,13 @@ def train_main(args: Sequence[str] | None = None) -> int:
                 save_config_callback=SaveAndLogConfig,
                 save_config_kwargs={"overwrite": True},
             )
-        check_output_dir(Path(cli.trainer.default_root_dir), cli.config.ckpt_path)
-        if cli.config.ckpt_path is not None:
+        out_dir = Path(cli.trainer.default_root_dir)
+        ckpt_path = check_output_dir(out_dir, cli.config.ckpt_path)
+        check_run_folder_writable(out_dir)
+        if ckpt_path is not None:
             cli.model.init_from = None  # a resumed run takes its weights from the checkpoint
         try:
-            cli.trainer.fit(
-                cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path, weights_only=True
-            )
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
         except SystemExit:
             if (code := _stopped_at_once(cli.trainer)) is None:
                 raise
@@ -119,6 +174,9 @@ def train_main(args: Sequence[str] | None = None) -> int:
             last = Path(cli.trainer.default_root_dir) / "checkpoints" / "last.ckpt"
             kept = f"the last good checkpoint is {last}" if last.is_file() else "no checkpoint was written"
             print(f"error: training diverged: {err}; {kept}", file=sys.stderr)
+        return 1
+    except CheckpointWriteError as err:  # only the rank that saves raises it
+        print(f"error: {err}; {resume_advice(out_dir, err.path.parent)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted before training started", file=sys.stderr)

@@ -1,9 +1,12 @@
-"""Writing files so that a crash never leaves a half-written one, and hashing files of any size."""
+"""Writing files so that a crash never leaves a half-written one, saying why a write failed, and
+hashing files of any size."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +39,42 @@ def atomic_write(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+WRITE_FAILURES = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "read-only filesystem",
+}
+"""Why a write failed, by errno, for the failures a user fixes (a full disk, a folder not theirs)."""
+
+
+def write_failure(error: BaseException) -> OSError | None:
+    """The OSError of one of WRITE_FAILURES' kinds behind `error`: `error` itself, or one it was
+    raised from or while handling (torch's zip writer raises a RuntimeError over the OSError of the
+    file it writes to); None if there is none."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in WRITE_FAILURES:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def free_space(path: str | Path) -> int | None:
+    """Bytes free on the filesystem that holds `path` (or its nearest existing folder); None where
+    the system does not say."""
+    folder = Path(path).absolute()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
 
 
 def sha256_file(

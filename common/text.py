@@ -13,6 +13,11 @@ def duration(seconds: float) -> str:
     return f"{hours} h {minutes} min" if hours else f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
+def byte_size(num_bytes: int) -> str:
+    """A size such as "0.4 MB" or "12.3 GB"."""
+    return f"{num_bytes / 1e9:,.1f} GB" if num_bytes >= 1e8 else f"{num_bytes / 1e6:,.1f} MB"
+
+
 class TextStream:
     """Turns a stream of token ids into text pieces, holding back partial UTF-8 characters and,
     given stop strings, ending the text before the first of them.

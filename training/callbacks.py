@@ -1,4 +1,5 @@
-"""Callbacks and the plugin that keep a run safe: atomic checkpoints, a `last.ckpt` that always
+"""Callbacks and the plugin that keep a run safe: atomic checkpoints that say in one line why one
+could not be written (a full disk, a folder the run may not write), a `last.ckpt` that always
 holds the end of the run, stopping on a signal with a checkpoint saved, and stopping before
 non-finite values reach the weights or a checkpoint.
 
@@ -10,6 +11,7 @@ These and the others (`throughput.py`, `console.py`, `dashboard.py`) are declare
 from __future__ import annotations
 
 import math
+import re
 import signal
 import threading
 from pathlib import Path
@@ -20,7 +22,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from minigpt.common import atomic_write
+from minigpt.common import WRITE_FAILURES, atomic_write, byte_size, free_space, write_failure
 from minigpt.model import ConfigError
 
 from .lightning_internals import expect_ranks_to_stop, save_last_checkpoint
@@ -42,18 +44,65 @@ def _checked_interval(every: int | None) -> int | None:
     return every
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written for a reason the user can fix: a full disk, a quota, a
+    folder the run may not write. The message names the file, why, and where known the space free
+    there and the checkpoint's size. An OSError still, for code that catches the one it replaces."""
+
+    def __init__(self, path: Path, reason: str, free: int | None, size: int | None) -> None:
+        self.path = path
+        """The checkpoint that was not written; the one there before, if any, is as it was."""
+        sizes = [f"{byte_size(free)} free there"] if free is not None else []
+        sizes += [f"the checkpoint needs about {byte_size(size)}"] if size else []
+        detail = f" ({', '.join(sizes)})" if sizes else ""
+        super().__init__(f"cannot write checkpoint {path}: {reason}{detail}")
+
+
+_TORCH_WRITE_FAILED = re.compile(r"file write failed|unexpected pos|failed writing")
+"""What torch's zip writer says when the bytes it wrote did not all reach the file."""
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file and renames it into place.
 
     A kill during a save leaves the previous checkpoint intact: the rename is atomic on POSIX
-    and Windows, and the file is flushed to disk before it.
+    and Windows, and the file is flushed to disk before it. A save that fails on a full disk or a
+    folder it may not write raises CheckpointWriteError, which the command line prints as one line.
     """
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
-        with atomic_write(path) as tmp, open(tmp, "wb") as f:
-            torch.save(checkpoint, f)
+        try:
+            with atomic_write(path) as tmp, open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+        except (OSError, RuntimeError) as err:
+            reason = _why_not_written(err)
+            if reason is None:
+                raise
+            raise CheckpointWriteError(
+                Path(path), reason, free_space(path), _tensor_bytes(checkpoint)
+            ) from err
+
+
+def _why_not_written(error: BaseException) -> str | None:
+    """Why a save failed, for the failures a user can fix; None for any other error."""
+    if (failure := write_failure(error)) is not None:
+        return WRITE_FAILURES[failure.errno]
+    if isinstance(error, RuntimeError) and _TORCH_WRITE_FAILED.search(str(error)):
+        return "the write failed"
+    return None
+
+
+def _tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in a checkpoint (nearly all of its size on disk)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
 
 
 class ModelCheckpoint(LightningModelCheckpoint):

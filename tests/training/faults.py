@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+from pathlib import Path
+from typing import Any, BinaryIO
 
 import lightning as L
 import torch
+
+from minigpt.common import sha256_file
 
 
 class PoisonWeights(L.Callback):
@@ -75,3 +80,44 @@ class PoisonBeforeValidation(L.Callback):
         if trainer.global_step == self.step:
             with torch.no_grad():
                 pl_module.model.transformer.ln_f.weight.fill_(float("nan"))
+
+
+class FailingSaveAt:
+    """Stands in for `torch.save` (monkeypatched) and fails the `nth` checkpoint (from 1) as a full
+    disk (`errno.ENOSPC`) or a folder made read-only (`errno.EACCES`) would: the file takes
+    `room` bytes, then its writes raise OSError, and torch's zip writer raises over it. Before it
+    fails it hashes the checkpoints already in the folder (`before`), to compare with after."""
+
+    def __init__(self, nth: int, error: int = errno.ENOSPC, room: int = 4096) -> None:
+        self.nth, self.error, self.room = nth, error, room
+        self.saves = 0
+        self.before: dict[str, str] = {}
+        """sha256 of each checkpoint in the folder, by name, as the failing save began."""
+        self.failed: str | None = None
+        """The name of the checkpoint that failed."""
+        self._save = torch.save
+
+    def __call__(self, obj: Any, f: BinaryIO, *args: Any, **kwargs: Any) -> None:
+        self.saves += 1
+        if self.saves != self.nth:
+            return self._save(obj, f, *args, **kwargs)
+        temporary = Path(f.name)  # atomic_write's ".<name>.<random>.tmp"
+        self.failed = temporary.name[1:].rsplit(".", 2)[0]
+        self.before = {p.name: sha256_file(p) for p in temporary.parent.glob("*.ckpt")}
+        self._save(obj, _FillingFile(f, self.room, self.error), *args, **kwargs)
+
+
+class _FillingFile:
+    """A file that takes `room` bytes, then raises OSError(`error`) at every write."""
+
+    def __init__(self, f: BinaryIO, room: int, error: int) -> None:
+        self.f, self.room, self.error = f, room, error
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            raise OSError(self.error, os.strerror(self.error))
+        self.room -= len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()

@@ -1,0 +1,220 @@
+"""A full disk or a folder the run may not write ends the run in one line, loses no checkpoint
+written before, and leaves a run that `--ckpt_path last` resumes."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from minigpt.cli.train import train_main
+from minigpt.common import sha256_file
+from minigpt.training.callbacks import AtomicCheckpointIO, CheckpointWriteError
+
+from .conftest import tiny_args
+from .faults import FailingSaveAt
+
+VALIDATED = ("--trainer.max_steps", "12", "--trainer.val_check_interval", "4")
+"""Validations at steps 4, 8 and 12, each saving best.ckpt, then last.ckpt."""
+
+
+@pytest.fixture(autouse=True)
+def no_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No wandb, and the working directory in tmp."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+def fail_at(save: FailingSaveAt, args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """Run train.py in this process with `save` in place of torch.save: its exit code and stderr."""
+    capsys.readouterr()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "save", save)
+        code = train_main(args)
+    return code, capsys.readouterr().err
+
+
+def error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return stderr.strip().splitlines()[-1]
+
+
+def test_torchs_own_word_that_it_could_not_write_is_a_write_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch.save given a path writes from C++, and says only this when the disk fills.
+    def failing(*args, **kwargs):
+        raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", failing)
+    with pytest.raises(CheckpointWriteError, match=r"last.ckpt: the write failed \(.* free there"):
+        AtomicCheckpointIO().save_checkpoint({"w": torch.ones(4)}, tmp_path / "last.ckpt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_other_errors_in_a_save_keep_their_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(*args, **kwargs):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))  # a failing disk: not for a one-line answer
+
+    monkeypatch.setattr(torch, "save", failing)
+    with pytest.raises(OSError) as raised:
+        AtomicCheckpointIO().save_checkpoint({}, tmp_path / "last.ckpt")
+    assert not isinstance(raised.value, CheckpointWriteError)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_a_checkpoint_ends_the_run_with_one_line_and_keeps_the_earlier_checkpoints(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    checkpoints = run / "checkpoints"
+    full_disk = FailingSaveAt(nth=3)  # best.ckpt at step 8, over step 4's
+    code, stderr = fail_at(full_disk, tiny_args(corpus, run, *VALIDATED), capsys)
+
+    assert code == 1
+    assert full_disk.failed == "best.ckpt"
+    line = error_line(stderr)
+    assert line.startswith(
+        f"error: cannot write checkpoint {checkpoints / 'best.ckpt'}: no space left on device ("
+    )
+    assert "free there, the checkpoint needs about " in line
+    assert line.endswith(
+        f"; the newest complete checkpoint is {checkpoints / 'last.ckpt'}; once there is room or the "
+        "folder is writable, resume from it with the same command and --ckpt_path last"
+    )
+    assert set(full_disk.before) == {"best.ckpt", "last.ckpt"}
+    after = {path.name: sha256_file(path) for path in checkpoints.iterdir()}  # no temporary file among them
+    assert after == full_disk.before
+    assert torch.load(checkpoints / "best.ckpt", weights_only=True)["global_step"] == 4
+
+
+@pytest.mark.slow
+def test_a_full_disk_before_last_ckpt_resumes_from_best_ckpt(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    best = run / "checkpoints" / "best.ckpt"
+    full_disk = FailingSaveAt(nth=2)  # last.ckpt at step 4, just after best.ckpt
+    code, stderr = fail_at(full_disk, tiny_args(corpus, run, *VALIDATED), capsys)
+
+    assert code == 1
+    assert full_disk.failed == "last.ckpt"
+    assert error_line(stderr).endswith(
+        f"; the newest complete checkpoint is {best}; once there is room or the folder is writable, "
+        "resume from it with the same command and --ckpt_path last"
+    )
+    assert [path.name for path in best.parent.iterdir()] == ["best.ckpt"]
+    assert sha256_file(best) == full_disk.before["best.ckpt"]
+
+    with caplog.at_level("INFO", logger="minigpt"):
+        assert train_main(tiny_args(corpus, run, *VALIDATED, "--ckpt_path", "last")) == 0
+    assert (
+        f"--ckpt_path last: resuming from {best}, the newest checkpoint there (no last.ckpt)" in caplog.text
+    )
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 12
+
+
+@pytest.mark.slow
+def test_a_full_disk_before_a_newer_last_ckpt_names_the_newer_checkpoint(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Step 8's best.ckpt is written, its last.ckpt is not: last.ckpt still holds step 4, and
+    # `--ckpt_path last` would take it, so the line names best.ckpt's path instead.
+    run = tmp_path / "run"
+    best = run / "checkpoints" / "best.ckpt"
+    code, stderr = fail_at(FailingSaveAt(nth=4), tiny_args(corpus, run, *VALIDATED), capsys)
+    assert code == 1
+    assert error_line(stderr).endswith(f"resume from it with the same command and --ckpt_path {best}")
+    assert torch.load(best, weights_only=True)["global_step"] == 8
+
+
+@pytest.mark.slow
+def test_a_folder_made_read_only_before_the_first_checkpoint_says_none_was_written(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    denied = FailingSaveAt(nth=1, error=errno.EACCES, room=0)
+    code, stderr = fail_at(denied, tiny_args(corpus, run, "--trainer.max_steps", "4"), capsys)
+
+    assert code == 1
+    assert error_line(stderr).startswith(
+        f"error: cannot write checkpoint {run / 'checkpoints' / 'best.ckpt'}: permission denied ("
+    )
+    assert error_line(stderr).endswith("; no checkpoint was written")
+    assert list((run / "checkpoints").iterdir()) == []
+
+
+def refuse_inside(folder: Path, error: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make creating a file or folder in `folder` raise OSError(`error`), as a read-only or another
+    user's folder does for anyone but root (the tests may run as root, whom chmod does not stop)."""
+    for name in ("open", "mkdir"):
+        real = getattr(os, name)
+
+        def refusing(path, *args, real=real, **kwargs):
+            target = Path(os.fsdecode(path)).absolute()
+            creates = not (real is os.mkdir and target.exists())  # open's O_TMPFILE names the folder
+            if creates and target.parent.exists() and target.is_relative_to(folder):
+                raise OSError(error, os.strerror(error), os.fsdecode(path))
+            return real(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, name, refusing)
+
+
+@pytest.mark.parametrize(
+    ("error", "why"), [(errno.EACCES, "permission denied"), (errno.EROFS, "read-only filesystem")]
+)
+def test_a_run_folder_it_may_not_write_is_refused_at_the_start(
+    error: int,
+    why: str,
+    corpus: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    refuse_inside(run, error, monkeypatch)
+    assert train_main(tiny_args(corpus, run)) == 2
+    assert error_line(capsys.readouterr().err) == f"error: cannot write the run folder {run}: {why}"
+
+
+def test_a_run_folder_whose_parent_cannot_be_created_is_refused_at_the_start(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    refuse_inside(theirs, errno.EACCES, monkeypatch)
+    run = theirs / "new" / "run"
+    assert train_main(tiny_args(corpus, run)) == 2
+    assert error_line(capsys.readouterr().err) == (
+        f"error: cannot write the run folder {run}: permission denied at {theirs / 'new'}"
+    )
+
+
+def test_a_run_folder_under_a_file_is_refused_at_the_start(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "notes").write_text("a file where the run's parent folder would go")
+    run = tmp_path / "notes" / "run"
+    assert train_main(tiny_args(corpus, run)) == 2
+    assert error_line(capsys.readouterr().err) == f"error: cannot write the run folder {run}: not a directory"
+
+
+def test_a_read_only_run_folder_is_refused_at_the_start(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir(mode=0o500)
+    try:
+        if os.access(run, os.W_OK):
+            pytest.skip("this user (root) may write a folder of mode 0o500; the patched tests above stand in")
+        assert train_main(tiny_args(corpus, run)) == 2
+    finally:
+        run.chmod(0o700)
+    assert (
+        error_line(capsys.readouterr().err) == f"error: cannot write the run folder {run}: permission denied"
+    )
