@@ -10,6 +10,7 @@ These and the others (`throughput.py`, `console.py`, `dashboard.py`) are declare
 
 from __future__ import annotations
 
+import errno
 import math
 import re
 import signal
@@ -73,6 +74,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None
     ) -> None:
+        size, free = _tensor_bytes(checkpoint, set()), free_space(path)
+        if free is not None and size > free:  # refused before a byte is written
+            raise CheckpointWriteError(Path(path), WRITE_FAILURES[errno.ENOSPC], free, size)
         try:
             with atomic_write(path) as tmp, open(tmp, "wb") as f:
                 torch.save(checkpoint, f)
@@ -80,9 +84,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             reason = _why_not_written(err)
             if reason is None:
                 raise
-            raise CheckpointWriteError(
-                Path(path), reason, free_space(path), _tensor_bytes(checkpoint)
-            ) from err
+            raise CheckpointWriteError(Path(path), reason, free_space(path), size) from err
 
 
 def _why_not_written(error: BaseException) -> str | None:
@@ -94,14 +96,19 @@ def _why_not_written(error: BaseException) -> str | None:
     return None
 
 
-def _tensor_bytes(value: Any) -> int:
-    """The bytes of the tensors in a checkpoint (nearly all of its size on disk)."""
+def _tensor_bytes(value: Any, seen: set[int]) -> int:
+    """The bytes of the tensors in a checkpoint, nearly all of its size on disk: each storage once,
+    as torch.save writes a tied weight once (`seen`: the storages counted so far)."""
     if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
+        storage = value.untyped_storage()
+        if storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
     if isinstance(value, dict):
-        return sum(_tensor_bytes(v) for v in value.values())
+        return sum(_tensor_bytes(v, seen) for v in value.values())
     if isinstance(value, list | tuple):
-        return sum(_tensor_bytes(v) for v in value)
+        return sum(_tensor_bytes(v, seen) for v in value)
     return 0
 
 

@@ -55,6 +55,22 @@ def test_torchs_own_word_that_it_could_not_write_is_a_write_failure(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_checkpoint_larger_than_the_free_space_is_refused_before_a_byte_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tied = torch.ones(1000)  # 4,000 bytes, twice in the checkpoint as a tied weight is, written once
+    checkpoint = {"state_dict": {"wte": tied, "lm_head": tied}, "optimizer_states": [{"m": torch.ones(500)}]}
+    writes: list[object] = []
+    monkeypatch.setattr(torch, "save", lambda *args, **kwargs: writes.append(args))
+    monkeypatch.setattr("minigpt.training.callbacks.free_space", lambda path: 5_999)
+    with pytest.raises(CheckpointWriteError, match=r"last.ckpt: no space left on device \(0.0 MB free there"):
+        AtomicCheckpointIO().save_checkpoint(checkpoint, tmp_path / "last.ckpt")
+    assert writes == [] and list(tmp_path.iterdir()) == []
+    monkeypatch.setattr("minigpt.training.callbacks.free_space", lambda path: 6_000)  # 4,000 + 2,000 bytes
+    AtomicCheckpointIO().save_checkpoint(checkpoint, tmp_path / "last.ckpt")
+    assert len(writes) == 1
+
+
 def test_other_errors_in_a_save_keep_their_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def failing(*args, **kwargs):
         raise OSError(errno.EIO, os.strerror(errno.EIO))  # a failing disk: not for a one-line answer
