@@ -9,44 +9,18 @@ from __future__ import annotations
 
 import json
 import zipfile
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model as load_safetensors_into
-from torch import nn
 
 from .convert import LORA_KEY, from_lightning, merge_lora
 from .description import MODEL_KEY, read_description
 from .errors import CheckpointError
 from .huggingface import HUB_NAME, fetch_from_hub, hf_weights_loader, is_gpt2_folder, read_hf_description
+from .model_file import ModelFile, ModelFormat
 from .pickled import load_tensors_only
 from .sharded import ShardedCheckpoint, is_sharded_checkpoint
-
-
-@dataclass(frozen=True)
-class ModelFile:
-    """A readable model file: its description and how to load its weights."""
-
-    path: Path
-    description: dict[str, Any]
-    """What `describe` wrote: the model's config and its tokenizer spec."""
-    load_weights: Callable[[nn.Module], None]
-    """Copies the weights into a model built from the description (raises on any mismatch)."""
-
-
-class ModelFormat(Protocol):
-    name: str
-
-    def recognizes(self, path: Path) -> bool:
-        """Whether this format reads `path` (by its name or layout; contents are checked in `open`)."""
-        ...
-
-    def open(self, path: Path) -> ModelFile:
-        """Read the description; raise CheckpointError naming the problem if the file is unusable."""
-        ...
 
 
 def check_readable(path: Path) -> None:

@@ -16,6 +16,7 @@ from torch import nn
 
 from .description import MODEL_KEY
 from .errors import CheckpointError
+from .model_file import ModelFile
 from .pickled import load_tensors_only
 
 META_FILE = "meta.pt"
@@ -34,9 +35,7 @@ class ShardedCheckpoint:
     def recognizes(self, path: Path) -> bool:
         return is_sharded_checkpoint(path)
 
-    def open(self, path: Path):  # -> ModelFile (formats.py imports this module)
-        from .formats import ModelFile
-
+    def open(self, path: Path) -> ModelFile:
         meta = load_tensors_only(path / META_FILE, f"cannot read {path / META_FILE}: truncated or foreign")
         if not isinstance(meta, dict) or MODEL_KEY not in meta:
             raise CheckpointError(f"{path} is not a minigpt checkpoint")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from .corpus import Corpus
-from .tokenizer.gpt2 import _SAFE_CUT
+from .tokenizer.pretokens import SAFE_CUT
 
 _LOOK_BACK = 1 << 16
 
@@ -38,7 +38,7 @@ def _safe_cut_before(text: str, index: int) -> int:
     while stop > 0:
         start = max(0, stop - _LOOK_BACK)
         # endpos stop + 1 lets the look-ahead see the character at stop; the look-behind sees before start.
-        cuts = [match.start() for match in _SAFE_CUT.finditer(text, start, stop + 1)]
+        cuts = [match.start() for match in SAFE_CUT.finditer(text, start, stop + 1)]
         if cuts:
             return cuts[-1]
         stop = start

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -13,6 +12,8 @@ import tiktoken
 from ..errors import DataError
 from ..gpt2_encoding import ENDOFTEXT, N_VOCAB, R50K_SHA256, load_gpt2_encoding
 from .base import BaseTokenizer, available_cores
+from .hf_json import byte_level_bpe_json
+from .pretokens import split_at_safe_breaks
 from .registry import register_tokenizer
 
 GPT2_SPEC: dict[str, Any] = {
@@ -22,25 +23,6 @@ GPT2_SPEC: dict[str, Any] = {
     "sha256": R50K_SHA256,
 }
 """The spec of the one GPT-2 vocabulary this version knows; it names the ranks file by its sha256."""
-
-# A line break between two printable ASCII characters is always a boundary between GPT-2
-# pre-tokens, and the pre-tokens on either side come out the same whether or not the text is cut
-# there; cutting long texts at such breaks lets tiktoken encode the pieces on several threads.
-_SAFE_CUT = re.compile(r"(?<=[!-~]\n)(?=[!-~])")
-
-
-def split_at_safe_breaks(text: str, chunk_chars: int = 1 << 17) -> list[str]:
-    """``text`` in pieces of about ``chunk_chars`` characters, cut only where GPT-2's pre-tokenisation
-    cuts anyway, so encoding the pieces gives the tokens of the whole (and pieces encode in parallel)."""
-    pieces, start = [], 0
-    while len(text) - start > chunk_chars:
-        cut = _SAFE_CUT.search(text, start + chunk_chars)
-        if cut is None:
-            break
-        pieces.append(text[start : cut.start()])
-        start = cut.start()
-    pieces.append(text[start:])
-    return pieces
 
 
 @register_tokenizer
@@ -128,8 +110,6 @@ class GPT2Tokenizer(BaseTokenizer):
         """GPT-2's BPE as a ``tokenizer.json``, ``<|endoftext|>`` its special token. Export writes
         GPT-2's own ``vocab.json`` and ``merges.txt`` for this tokenizer; one built on it (with the
         chat markers) writes this file with its tokens added."""
-        from .hf_json import byte_level_bpe_json  # hf_json imports this module
-
         return byte_level_bpe_json(self.token_bytes(), range(self.eot_id), {ENDOFTEXT: self.eot_id})
 
     def byte_lengths(self) -> np.ndarray:

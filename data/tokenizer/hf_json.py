@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .gpt2 import split_at_safe_breaks
+from .pretokens import split_at_safe_breaks
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as HFTokenizer

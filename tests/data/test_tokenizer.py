@@ -18,7 +18,7 @@ from minigpt.data import (
     tokenizer_from_spec,
 )
 from minigpt.data.gpt2_encoding import R50K_PATTERN, encoding_from_ranks
-from minigpt.data.tokenizer.gpt2 import split_at_safe_breaks
+from minigpt.data.tokenizer.pretokens import split_at_safe_breaks
 
 TRICKY = "Hello, wörld! 你好 🙂\n\n\tTabs  and   spaces   \r\nend's we'll 1234567 <|endoftext|> x  \n"
 
