@@ -72,27 +72,15 @@ def bare_worker(args: list[str], out: Path) -> None:
     """Train what `args` configures in a plain loop, writing each step's end time and loss to `out`."""
     import torch
 
-    from minigpt.cli.common import resolve_config_args
-    from minigpt.cli.train_cli import MiniGPTCLI, TrainParser
-    from minigpt.data import TextDataModule
+    from minigpt.cli.train import build_cli
     from minigpt.model import GPT
     from minigpt.training.averaging import EMAWeights, MovingAverage
-    from minigpt.training.lit import LitGPT
     from minigpt.training.loss import next_token_loss
     from minigpt.training.optim import build_optimizer, build_scheduler
 
     from suite.turns import Turns
 
-    cli = MiniGPTCLI(
-        LitGPT,
-        TextDataModule,
-        run=False,
-        args=resolve_config_args(args),
-        seed_everything_default=1337,
-        parser_class=TrainParser,
-        parser_kwargs={"exit_on_error": False},
-        save_config_callback=None,
-    )
+    cli = build_cli(args, save_config=False)
     lit, data, trainer = cli.model, cli.datamodule, cli.trainer
     data.prepare_data()
     data.setup("fit")

@@ -27,7 +27,7 @@ from minigpt.training.lit import LitGPT
 from .common import USER_ERRORS, report, resolve_config_args
 from .train_cli import MiniGPTCLI, TrainParser, help_topic
 
-__all__ = ["MiniGPTCLI", "TrainParser", "help_topic", "train_main"]
+__all__ = ["MiniGPTCLI", "TrainParser", "build_cli", "help_topic", "train_main"]
 """What others import from here; the command line's parsing lives in `train_cli`."""
 
 log = logging.getLogger("minigpt")
@@ -118,6 +118,22 @@ def resume_advice(out_dir: Path, folder: Path) -> str:
     )
 
 
+def build_cli(argv: Sequence[str], save_config: bool = True) -> MiniGPTCLI:
+    """train.py's command line parsed into its trainer, model and data, without fitting; with
+    `save_config`, the run writes its config as train.py's runs do."""
+    return MiniGPTCLI(
+        LitGPT,
+        TextDataModule,
+        run=False,
+        args=resolve_config_args(list(argv)),
+        seed_everything_default=1337,
+        parser_class=TrainParser,
+        parser_kwargs={"exit_on_error": False},
+        save_config_callback=SaveAndLogConfig if save_config else None,
+        save_config_kwargs={"overwrite": True},
+    )
+
+
 def wants_help(argv: Sequence[str]) -> bool:
     """Whether the command line asks for help (`-h`, `--help`, `--help=trainer`, `--data.help CLASS`)."""
     return any(arg in ("-h", "--help") or arg.startswith("--help=") or ".help" in arg for arg in argv)
@@ -145,17 +161,7 @@ def train_main(args: Sequence[str] | None = None) -> int:
         with warnings.catch_warnings():
             # We hand LightningCLI the command line ourselves, after resolving config names.
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-            cli = MiniGPTCLI(
-                LitGPT,
-                TextDataModule,
-                run=False,
-                args=resolve_config_args(argv),
-                seed_everything_default=1337,
-                parser_class=TrainParser,
-                parser_kwargs={"exit_on_error": False},
-                save_config_callback=SaveAndLogConfig,
-                save_config_kwargs={"overwrite": True},
-            )
+            cli = build_cli(argv)
         out_dir = Path(cli.trainer.default_root_dir)
         ckpt_path = check_output_dir(out_dir, cli.config.ckpt_path)
         check_run_folder_writable(out_dir)

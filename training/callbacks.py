@@ -46,9 +46,8 @@ def _checked_interval(every: int | None) -> int | None:
 
 
 class CheckpointWriteError(OSError):
-    """A checkpoint could not be written for a reason the user can fix: a full disk, a quota, a
-    folder the run may not write. The message names the file, why, and where known the space free
-    there and the checkpoint's size. An OSError still, for code that catches the one it replaces."""
+    """A checkpoint could not be written for a reason the user can fix (a full disk, a quota, a
+    folder the run may not write), named with the free space and the checkpoint's size. An OSError."""
 
     def __init__(self, path: Path, reason: str, free: int | None, size: int | None) -> None:
         self.path = path
@@ -59,8 +58,7 @@ class CheckpointWriteError(OSError):
         super().__init__(f"cannot write checkpoint {path}: {reason}{detail}")
 
 
-_TORCH_WRITE_FAILED = re.compile(r"file write failed|unexpected pos|failed writing")
-"""What torch's zip writer says when the bytes it wrote did not all reach the file."""
+_TORCH_WRITE_FAILED = re.compile(r"file write failed|unexpected pos|failed writing")  # torch's zip writer
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
