@@ -29,6 +29,7 @@ from minigpt.training.precision import resolve_precision
 from minigpt.training.profiler import QuietProfiler
 
 from .common import USER_ERRORS
+from .train_defaults import CALLBACK_ORDER, Callbacks, Loggers, by_name, check_names, parser_defaults
 
 DEFAULT_RUN_DIR = "runs/default"
 _UNSET_CONTEXT = 987_654_321
@@ -192,8 +193,16 @@ class MiniGPTCLI(LightningCLI):
             parser.default_data_class = data_class
         parser.set_defaults({"data": {"class_path": f"{data_class.__module__}.{data_class.__qualname__}"}})
         parser.link_arguments("model.gpt.context_length", "data.init_args.context_length")
-        # A default of the parser, not a fallback in code, so --print_config shows the run folder.
-        parser.set_defaults({"trainer.default_root_dir": DEFAULT_RUN_DIR})
+        # Defaults of the parser, not fallbacks in code, so --print_config shows them all.
+        parser.set_defaults({"trainer.default_root_dir": DEFAULT_RUN_DIR, **parser_defaults()})
+        for key, kind in (("callbacks", Callbacks), ("loggers", Loggers)):
+            parser.add_argument(
+                f"--{key}",
+                type=kind,
+                default=kind(),
+                help=f"The run's {key} by class name: settings set one (and add it if the run lacks "
+                "it), false removes it (docs/training.md).",
+            )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         # A fine-tune takes its shape from the weights, and jsonargparse's --print_config prints
@@ -203,7 +212,10 @@ class MiniGPTCLI(LightningCLI):
         if isinstance(parser, TrainParser):
             parser.help_topic = topic
         self._args = data_nulls_as_dicts(args)
+        check_names(self._args)
         super().parse_arguments(parser, self._args)
+        if by_names := self.named_changes():
+            self.config = parser.parse_args([*self._args, *by_names])
         self.weights_tokenizer: dict[str, Any] | None = None
         """The tokenizer spec of the weights `model.init_from` names."""
         if self.config.model.get("init_from"):
@@ -213,6 +225,19 @@ class MiniGPTCLI(LightningCLI):
             if self.config.get("tokens_per_step") is not None:
                 print("# " + self.planned_accumulation())
             sys.exit(0)
+
+    def named_changes(self) -> list[str]:
+        """`callbacks:` and `loggers:` applied to the trainer's lists, as options that set them."""
+        trainer, out = self.config.trainer, []
+        for key, changes, order in (
+            ("callbacks", self.config.get("callbacks"), CALLBACK_ORDER),
+            ("logger", self.config.get("loggers"), []),
+        ):
+            changes = {name: value for name, value in vars(changes or {}).items() if value is not None}
+            if changes:
+                entries = [entry.as_dict() for entry in _entries(trainer.get(key))]
+                out.append(f"--trainer.{key}=" + json.dumps(by_name(entries, changes, order)))
+        return out
 
     def planned_accumulation(self) -> str:
         config = self.config

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from minigpt.cli.train_defaults import expanded
 from minigpt.data import DataConfig
 from minigpt.training.averaging import EMAWeights
 from minigpt.training.config import OptimConfig
@@ -176,7 +177,8 @@ def section(config: dict[str, Any], extra: dict[str, Any], name: str) -> dict[st
 
 def config_ema(config: dict[str, Any]) -> dict[str, Any] | None:
     """The config's own EMAWeights entry under `trainer.callbacks`, or None."""
-    return next((c for c in config["trainer"].get("callbacks") or [] if c.get("class_path") == EMA), None)
+    callbacks = expanded(config)["trainer"]["callbacks"]
+    return next((c for c in callbacks if c.get("class_path") == EMA), None)
 
 
 def ema_decay(config: dict[str, Any], extra: dict[str, Any]) -> float | None:

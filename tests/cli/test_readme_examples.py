@@ -288,17 +288,17 @@ def guide_yaml_with(text: str) -> dict:
 
 
 def yaml_example(tmp_path: Path) -> list[str]:
-    """The training guide's YAML example after tiny.yaml's own callbacks (a YAML list replaces the
-    whole list), its second CSV log in tmp_path instead of /shared/logs."""
-    example = guide_yaml_with("EarlyStopping")
-    tiny = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
-    example["trainer"]["callbacks"] = tiny["trainer"]["callbacks"] + example["trainer"]["callbacks"]
-    (shared,) = [entry for entry in example["trainer"]["logger"] if "init_args" in entry]
-    assert shared["init_args"]["save_dir"] == "/shared/logs"
+    """The training guide's two YAML examples over tiny.yaml: callbacks by name, and a second CSV
+    log, in tmp_path instead of /shared/logs."""
+    by_name = guide_yaml_with("EarlyStopping")
+    lists = guide_yaml_with("/shared/logs")
+    (shared,) = [entry for entry in lists["trainer"]["logger"] if "init_args" in entry]
     shared["init_args"]["save_dir"] = str(tmp_path / "shared" / "logs")
-    path = tmp_path / "early.yaml"
-    path.write_text(yaml.safe_dump(example))
-    return ["--config", str(path)]
+    paths = []
+    for name, example in (("by_name", by_name), ("lists", lists)):
+        paths += ["--config", str(tmp_path / f"{name}.yaml")]
+        Path(paths[-1]).write_text(yaml.safe_dump(example))
+    return paths
 
 
 def command_line_example() -> list[str]:

@@ -41,8 +41,7 @@ def test_a_sample_drawn_in_the_background_is_the_one_drawn_in_the_loop(corpus: P
     texts = {}
     for background in (True, False):
         config = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
-        sample = next(c for c in config["trainer"]["callbacks"] if c["class_path"].endswith(".SampleText"))
-        sample["init_args"]["background"] = background
+        config["callbacks"]["SampleText"]["background"] = background
         path = tmp_path / f"background-{background}.yaml"
         path.write_text(yaml.safe_dump(config))
         run = tmp_path / str(background)

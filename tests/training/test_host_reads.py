@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from minigpt.cli.train import train_main
+from minigpt.cli.train_defaults import expanded
 
 from .conftest import REPO, tiny_args
 
@@ -18,7 +19,7 @@ LOG_EVERY = 5
 
 
 def test_steps_between_logs_read_nothing_on_the_host(corpus: Path, tmp_path: Path) -> None:
-    config = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
+    config = expanded(yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text()))
     callbacks = config["trainer"]["callbacks"]
     for callback in callbacks:
         if callback["class_path"].endswith("StopOnNonFinite"):  # as on a GPU: read at the log steps

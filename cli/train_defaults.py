@@ -1,0 +1,188 @@
+"""What every run does unless its config says otherwise, and how a config changes it by name.
+
+- The trainer's settings, loggers, callbacks and plugins below are the parser's defaults, so a
+  config holds only what makes it different and `--print_config` still lists all of them.
+- `callbacks:` and `loggers:` at the top of a config change that set by class name: a mapping of
+  settings merges into the entry of that name (added at its place in `CALLBACK_ORDER` if the set
+  lacks it), `false` removes it. Config files laid over each other merge these by name; a class
+  not named here joins with `--trainer.callbacks+=CLASS`, as in any LightningCLI.
+
+      callbacks:
+        SampleText: {sample: {prompt: "ROMEO:\\n"}}  # set
+        EMAWeights: {decay: 0.995}                   # add
+        AttentionMaps: false                          # remove
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import field, fields, make_dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from minigpt.common import UsageError
+
+TRAINER = {
+    "accelerator": "auto",
+    "devices": 1,
+    "precision": "bf16-mixed",  # fp32 where the CPU has no native bf16 (training/precision.py)
+    "check_val_every_n_epoch": None,  # validate every val_check_interval steps, across epochs
+    "num_sanity_val_steps": 0,
+    "enable_model_summary": False,  # RunSummary says what the model is, FLOPs included
+    "log_every_n_steps": 10,
+}
+"""Lightning's Trainer settings that differ from Lightning's own defaults in every shipped config."""
+
+KNOWN = {
+    "ModelCheckpoint": "minigpt.training.callbacks.ModelCheckpoint",
+    "LearningRateMonitor": "lightning.pytorch.callbacks.LearningRateMonitor",
+    "TokensPerSecond": "minigpt.training.throughput.TokensPerSecond",
+    "StopOnNonFinite": "minigpt.training.callbacks.StopOnNonFinite",
+    "SaveAndStopOnSignal": "minigpt.training.callbacks.SaveAndStopOnSignal",
+    "SampleText": "minigpt.training.dashboard.SampleText",
+    "AttentionMaps": "minigpt.training.dashboard.AttentionMaps",
+    "EMAWeights": "minigpt.training.averaging.EMAWeights",
+    "EvaluateTasks": "minigpt.training.evaluation.EvaluateTasks",
+    "EarlyStopping": "lightning.pytorch.callbacks.EarlyStopping",
+    "ValidateAtEnd": "minigpt.training.validation.ValidateAtEnd",
+    "RunReport": "minigpt.training.dashboard.RunReport",
+    "RunSummary": "minigpt.training.console.RunSummary",
+    "StepProgressBar": "minigpt.training.console.StepProgressBar",
+    "CSVLogger": "minigpt.training.loggers.CSVLogger",
+    "WandbLogger": "minigpt.training.loggers.WandbLogger",
+}
+"""The class of each name a config may use under `callbacks:` or `loggers:`."""
+
+CALLBACK_ORDER = [name for name in KNOWN if not name.endswith("Logger")]
+"""Where a callback added by name goes. Order matters where hooks share state: the weight average
+comes after the sample and the attention maps, which then draw from the averaged weights, and
+before the last validation and the report."""
+
+CALLBACKS = [
+    {"class_path": KNOWN["ModelCheckpoint"], "init_args": {
+        # dirpath null: <run folder>/checkpoints, where --ckpt_path last looks
+        "filename": "best", "monitor": "val_loss", "mode": "min", "save_top_k": 1, "save_last": True,
+        "auto_insert_metric_name": False, "enable_version_counter": False,
+    }},
+    {"class_path": KNOWN["LearningRateMonitor"], "init_args": {"logging_interval": "step"}},
+    {"class_path": KNOWN["TokensPerSecond"]},  # also tokens seen, and MFU where the peak is known
+    {"class_path": KNOWN["StopOnNonFinite"]},
+    {"class_path": KNOWN["SaveAndStopOnSignal"]},
+    {"class_path": KNOWN["SampleText"]},  # a sample at each validation
+    {"class_path": KNOWN["AttentionMaps"]},  # <run>/attention/*.png and wandb, each validation
+    {"class_path": KNOWN["ValidateAtEnd"]},  # the last step validates, whatever the interval
+    {"class_path": KNOWN["RunReport"]},  # <run>/loss_curves.png and report.html at the end
+    {"class_path": KNOWN["RunSummary"]},  # what the run will do, and a closing line
+    {"class_path": KNOWN["StepProgressBar"]},  # counts the run's steps, with its ETA
+]  # fmt: skip
+
+LOGGERS = [
+    {"class_path": KNOWN["CSVLogger"]},  # save_dir null: the run folder
+    # online when logged in, else offline; WANDB_MODE=disabled: off
+    {"class_path": KNOWN["WandbLogger"], "init_args": {"project": "minigpt", "mode": "auto"}},
+]
+
+
+def by_name_settings(name: str, names: list[str]) -> type:
+    """A dataclass with one optional field per name, each a mapping of settings or a switch."""
+    return make_dataclass(name, [(each, dict[str, Any] | bool | None, field(default=None)) for each in names])
+
+
+Callbacks = by_name_settings("Callbacks", CALLBACK_ORDER)
+"""`callbacks:`, a field per name: null leaves the callback as it is, a mapping sets (or adds) it,
+false removes it. Fields rather than one mapping, so that config files merge name by name."""
+
+LOGGER_NAMES = [name for name in KNOWN if name.endswith("Logger")]
+
+Loggers = by_name_settings("Loggers", LOGGER_NAMES)
+"""`loggers:`, as `Callbacks`."""
+
+PLUGINS = [{"class_path": "minigpt.training.callbacks.AtomicCheckpointIO"}]  # checkpoints written atomically
+
+
+def parser_defaults() -> dict[str, Any]:
+    """The defaults train.py's parser takes, by dotted key."""
+    defaults = {f"trainer.{key}": value for key, value in TRAINER.items()}
+    defaults |= {"trainer.callbacks": CALLBACKS, "trainer.logger": LOGGERS, "trainer.plugins": PLUGINS}
+    return copy.deepcopy(defaults)
+
+
+def class_name(entry: dict[str, Any]) -> str:
+    return entry["class_path"].rsplit(".", 1)[-1]
+
+
+def by_name(entries: list[dict[str, Any]], changes: dict[str, Any], order: list[str]) -> list[dict[str, Any]]:
+    """`entries` (class_path / init_args dicts) with `changes` applied: each name's settings merged
+    into its entry or a new entry placed by `order`, `false` (or null) removing it."""
+    out = copy.deepcopy(entries)
+    for name, settings in changes.items():
+        if settings is None:
+            continue
+        at = [i for i, entry in enumerate(out) if class_name(entry) == name]
+        if settings is False:
+            out = [entry for i, entry in enumerate(out) if i not in at]
+            continue
+        if settings is True:
+            settings = {}
+        if not isinstance(settings, dict):
+            raise UsageError(f"{name}: give its settings as a mapping, or false to remove it")
+        if at:
+            for i in at:
+                merge(out[i].setdefault("init_args", {}), settings)
+            continue
+        entry = {"class_path": KNOWN[name], "init_args": copy.deepcopy(settings)}
+        out.insert(place(out, name, order), entry)
+    return out
+
+
+def place(entries: list[dict[str, Any]], name: str, order: list[str]) -> int:
+    """The index a new entry `name` goes at: before the first entry `order` puts after it."""
+    if name not in order:
+        return len(entries)
+    later = set(order[order.index(name) + 1 :])
+    return next((i for i, entry in enumerate(entries) if class_name(entry) in later), len(entries))
+
+
+def merge(into: dict[str, Any], settings: dict[str, Any]) -> None:
+    """Merge `settings` into `into`, mappings key by key."""
+    for key, value in settings.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def expanded(config: dict[str, Any]) -> dict[str, Any]:
+    """A config file's settings with the defaults filled in and `callbacks:` / `loggers:` applied,
+    as the trainer will see them (for code that reads a YAML without the parser)."""
+    out = copy.deepcopy(config)
+    trainer = out.setdefault("trainer", {})
+    for key, value in parser_defaults().items():
+        trainer.setdefault(key.removeprefix("trainer."), value)
+    trainer["callbacks"] = by_name(trainer["callbacks"], out.pop("callbacks", None) or {}, CALLBACK_ORDER)
+    trainer["logger"] = by_name(trainer["logger"], out.pop("loggers", None) or {}, [])
+    return out
+
+
+def check_names(args: Sequence[str]) -> None:
+    """Refuse a name under `callbacks:` or `loggers:` in the config files of `args` that names no
+    class here (jsonargparse drops an unknown key of a dataclass without a word)."""
+    files = [value for option, value in zip(args, args[1:], strict=False) if option == "--config"]
+    files += [arg.removeprefix("--config=") for arg in args if arg.startswith("--config=")]
+    for file in files:
+        try:
+            config = yaml.safe_load(Path(file).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            continue  # the parser says what is wrong with the file
+        for key, kind in (("callbacks", Callbacks), ("loggers", Loggers)):
+            given = config.get(key) if isinstance(config, dict) else None
+            known = [f.name for f in fields(kind)]
+            for name in given if isinstance(given, dict) else []:
+                if name not in known:
+                    raise UsageError(
+                        f"{file}: {key}: no {key[:-1]} is named {name!r}; the names: {', '.join(known)} "
+                        f"(another class: --trainer.{'callbacks' if key == 'callbacks' else 'logger'}+=CLASS)"
+                    )
