@@ -51,7 +51,7 @@ from minigpt.training.lit import LitGPT
 from minigpt.training.optim import build_optimizer
 from minigpt.training.precision import resolve_precision
 
-from suite.configs import read_yaml
+from suite.configs import precision, read_yaml
 from suite.report import cpu_flags, cpu_model
 from suite.stats import rotated
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     gpt = replace(shape, vocab_size=tokenizer.n_vocab, **settings["model"].get("gpt", {}))
     if args.attention is not None:
         gpt = replace(gpt, attention=args.attention)
-    bf16 = resolve_precision(settings["trainer"]["precision"], "cpu") == "bf16-mixed"
+    bf16 = resolve_precision(precision(settings), "cpu") == "bf16-mixed"
     grad_clip = OptimConfig(**settings["model"]["optim"]).grad_clip
     batch_size = int(settings["data"]["init_args"]["conversations"]["batch_size"])
     config = ChatDataConfig(args.source, split="train")

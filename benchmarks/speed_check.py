@@ -55,7 +55,7 @@ from minigpt.training import muon, optim
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.precision import cpu_description, resolve_precision
 
-from suite.configs import BABY, ROOT, merged, read_yaml
+from suite.configs import BABY, ROOT, merged, precision, read_yaml
 from suite.probes import time_step_matmuls
 from suite.runs import run_train_py, step_timer
 from suite.shapes import Shape
@@ -108,7 +108,7 @@ def build_case(name: str, work: Path, compiled: bool = False) -> Case:
     }
     batch = int(extra.get("data.config.batch_size", config["data"]["config"]["batch_size"]))
     shape = Shape(name, GPTConfig(**{**gpt, "vocab_size": vocab}), batch)
-    bf16 = resolve_precision(config["trainer"].get("precision"), "cpu") == "bf16-mixed"
+    bf16 = resolve_precision(precision(config), "cpu") == "bf16-mixed"
     case = Case(name, config, extra, shape, torch.bfloat16 if bf16 else torch.float32)
     case.timers = {"recipe": step_timer(config, extra, vocab), "gpt2": step_timer(gpt2, extra, vocab)}
     if compiled:

@@ -39,7 +39,7 @@ from minigpt.model import GPT
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.precision import resolve_precision
 
-from suite.configs import cli_overrides, config_path, read_yaml
+from suite.configs import cli_overrides, config_path, precision, read_yaml
 from suite.runs import log, step_timer, train
 
 
@@ -118,7 +118,7 @@ def main() -> None:
     names = [c for c in args.contestants.split(",") if c]
     full_steps = int(config["trainer"]["max_steps"])
     warmup = int(config["model"].get("optim", {}).get("warmup_steps", 0))
-    bf16 = resolve_precision(config["trainer"].get("precision")) == "bf16-mixed"
+    bf16 = resolve_precision(precision(config)) == "bf16-mixed"
     speeds = (
         {k: float(v.rstrip("%")) for k, v in (x.rsplit("=", 1) for x in args.speeds.split(","))}
         if args.speeds

@@ -38,7 +38,7 @@ from minigpt.training.precision import cpu_description, resolve_precision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the `suite` library
 from suite.configs import BABY as BABY_SETTINGS
-from suite.configs import ROOT, read_yaml, section
+from suite.configs import ROOT, precision, read_yaml, section
 from suite.runs import step_timer
 
 BABY = str(ROOT / "benchmarks" / "baby.yaml")
@@ -82,7 +82,7 @@ def qk_node_cost(case: str, rounds: int) -> None:
     if not (gpt.get("qk_norm") and gpt.get("position_embedding") == "rope"):
         raise SystemExit(f"error: {file} has no QK-norm with rotary positions to time")
     vocab = 65 if file == "char.yaml" else 4096
-    bf16 = resolve_precision(config["trainer"].get("precision"), "cpu") == "bf16-mixed"
+    bf16 = resolve_precision(precision(config), "cpu") == "bf16-mixed"
     one_node = attention.normalise_and_rotate
 
     def full_width(x: torch.Tensor, rotary: Any, start: int) -> torch.Tensor:

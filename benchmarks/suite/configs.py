@@ -38,7 +38,13 @@ def config_path(name: str) -> str:
 
 
 def read_yaml(name: str) -> dict[str, Any]:
+    """The config file as written: what every run does by default is not in it (`precision`)."""
     return yaml.safe_load(find_config(name).read_text(encoding="utf-8"))
+
+
+def precision(config: dict[str, Any]) -> str:
+    """The trainer's precision a config asks for, train.py's default where it names none."""
+    return expanded(config)["trainer"]["precision"]
 
 
 def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -23,7 +23,7 @@ from minigpt.training.loss import next_token_loss
 from minigpt.training.optim import build_optimizer
 from minigpt.training.precision import resolve_precision
 
-from .configs import ROOT, current, ema_decay, section
+from .configs import ROOT, current, ema_decay, precision, section
 
 
 def log(message: str) -> None:
@@ -50,7 +50,7 @@ def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int, c
     x, y = ids[:, :-1], ids[:, 1:]
     # The precision train.py trains this config in on this machine: bf16 autocast, or fp32 where
     # the CPU has no native bf16.
-    bf16 = resolve_precision(config["trainer"].get("precision"), "cpu") == "bf16-mixed"
+    bf16 = resolve_precision(precision(config), "cpu") == "bf16-mixed"
 
     def step() -> float:
         start = time.perf_counter()
