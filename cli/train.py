@@ -25,7 +25,8 @@ from minigpt.training.callbacks import CheckpointWriteError, DivergenceError, Sa
 from minigpt.training.lit import LitGPT
 
 from .common import USER_ERRORS, report, resolve_config_args
-from .train_cli import MiniGPTCLI, TrainParser, help_topic
+from .train_cli import MiniGPTCLI
+from .train_parser import TrainParser, help_topic
 
 __all__ = ["MiniGPTCLI", "TrainParser", "build_cli", "help_topic", "train_main"]
 """What others import from here; the command line's parsing lives in `train_cli`."""
