@@ -5,11 +5,9 @@ projections, a registered upper-triangular mask, dropout on the attention weight
 projection) and adds what a real model needs: a path through PyTorch's fused scaled-dot-product
 attention (SDPA), and continuing a sequence held in a `KVCache`.
 
-Which path runs is the `attention` setting. "auto" takes SDPA on GPUs, where its flash kernels
-save time and memory, and the textbook computation for a training step on CPU, where PyTorch's
-flash kernel makes a bf16 step slower (measured in benchmarks/RESULTS.md). Without gradients
-(validation, generation) a CPU takes SDPA too: one call where the textbook takes five, never
-slower and up to ~2x faster (docs/results/validation.md).
+Which path runs is the `attention` setting. "auto" takes SDPA on GPUs and, without gradients
+(validation, generation), on CPU too; a training step on CPU takes the textbook computation,
+which is faster there (docs/results/cpu-speed.md, docs/results/validation.md).
 
 Several sequences packed into one row (conversations for fine-tuning) attend each to itself
 alone: given `same_segment`, the (B, 1, T, T) mask of which query and key share a sequence, the

@@ -15,34 +15,22 @@ from .precision import fast_matmul_dtype
 
 class Muon(torch.optim.Muon):
     """`torch.optim.Muon` with the same update, options and state (a checkpoint of one loads into
-    the other), computed differently, and with options of its own:
+    the other), computed differently, and with options of its own (measured in
+    docs/results/muon.md):
 
-    - **Precision.** torch orthogonalises in bf16 on every device, and a CPU without native bf16
-      emulates bf16 products: a 256x1024 matrix's five Newton-Schulz steps take ~0.7 s instead of
-      ~15 ms in fp32. Here they run in `ns_dtype`; None (the default) is the device's own choice,
-      bf16 where it is native and fp32 elsewhere (`precision.fast_matmul_dtype`), decided where the
-      model's precision is. The choice is not part of the state, so a checkpoint resumed on
-      another kind of machine orthogonalises in that machine's precision.
-    - **Batching.** The matrices of a group that share a shape are stacked and go through each
-      Newton-Schulz step as one batched product, rather than one product per matrix: fewer,
-      larger calls (in fp32 on 2 cores, 16 matrices of 128 x 128 in half the time; at 256 x 256
-      no faster, no slower). Nesterov's look-ahead is computed straight into the stack, and a
-      tall stack iterates on X^T X where torch transposes it (`orthogonalise`).
-    - **The Gram form in fp32.** Matrices at least twice as long one way as the other (the
-      MLP's) iterate on their small Gram matrix, the same polynomial with ~40% fewer FLOPs
-      (`newton_schulz`).
-    - **A polynomial per step.** `ns_coefficients` may also be a sequence of (a, b, c), one per
-      Newton-Schulz step (`NS_COEFFICIENTS["polar_express"]`): four such steps leave the singular
-      values in a narrower band than torch's single polynomial does in five. A group holding such
-      a sequence is ours alone: torch's Muon cannot step it.
-    - **The first scaling.** torch divides each matrix by its Frobenius norm before the first
-      step; `ns_norm="gram"` divides by the square root of its Gram matrix's Frobenius norm, a
-      tighter bound on the spectral norm, at no extra cost (`newton_schulz`): the same steps then
-      bring the singular values nearer 1.
-    - **Row blocks.** `row_blocks` maps a parameter to a number of rows: its update is cut into
-      blocks of that many rows, each orthogonalised on its own, as `torch.optim.Muon` would a
-      matrix of its own (an attention projection's heads, say: see `build_optimizer`). Like the
-      precision and the scaling it is a choice of the run, not part of the state.
+    - **Precision.** The Newton-Schulz steps run in `ns_dtype`; None is the device's own choice,
+      bf16 where it is native and fp32 where bf16 products are emulated (`fast_matmul_dtype`).
+      Not part of the state: a resumed run orthogonalises in its machine's precision.
+    - **Batching.** A group's matrices of one shape go through each step as one batched product;
+      Nesterov's look-ahead is computed straight into the stack (`orthogonalise`).
+    - **The Gram form.** Matrices at least twice as long one way as the other iterate on their
+      small Gram matrix: the same polynomial, fewer FLOPs (`newton_schulz`).
+    - **A polynomial per step.** `ns_coefficients` may be a sequence of (a, b, c), one per step
+      (`NS_COEFFICIENTS["polar_express"]`); torch's Muon cannot step such a group.
+    - **The first scaling.** `ns_norm="gram"` divides by the square root of the Gram matrix's
+      Frobenius norm, a tighter bound on the spectral norm than torch's Frobenius norm.
+    - **Row blocks.** `row_blocks` maps a parameter to a number of rows, each block orthogonalised
+      as a matrix of its own (an attention projection's heads: `build_optimizer`).
     """
 
     def __init__(
