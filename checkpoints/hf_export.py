@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from minigpt.common import reporting_write_failures
 from minigpt.data import Tokenizer
 from minigpt.data.gpt2_encoding import ENDOFTEXT
 from minigpt.data.tokenizer import ChatTokenizer, GPT2Tokenizer
@@ -32,6 +33,7 @@ from .errors import CheckpointError
 from .hf_remote import remote_code_config, to_remote_state, write_remote_code
 from .hf_tokenizer import chat_settings, write_gpt2_vocabulary
 from .huggingface import CONFIG_FILE, SAFETENSORS_FILE, TOKENIZER_JSON, TOKENIZER_SPEC_FILE
+from .load import weight_bytes
 
 EXPORTED_ACTIVATION = {"tanh": "gelu_new", "none": "gelu"}
 """transformers' `activation_function` names of the two GELUs our MLP computes."""
@@ -135,8 +137,14 @@ def save_huggingface(model: GPT, tokenizer: Tokenizer, folder: str | Path, *, re
 
     Raises:
         CheckpointError: `folder` exists and `replace` is false (it is then left as it was).
+        WriteError: A full disk or a folder not the user's; `folder` is then as it was.
     """
     folder = Path(folder)
+    with reporting_write_failures(folder, size=weight_bytes(model)):
+        return _write_folder(model, tokenizer, folder, replace)
+
+
+def _write_folder(model: GPT, tokenizer: Tokenizer, folder: Path, replace: bool) -> str:
     config = model.config
     staging = folder.with_name(f".{folder.name}.partial")  # a killed export's leftovers go first
     shutil.rmtree(staging, ignore_errors=True)

@@ -9,7 +9,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_model
 
-from minigpt.common import atomic_write
+from minigpt.common import safe_write
 from minigpt.data import Tokenizer, tokenizer_from_spec
 from minigpt.model import GPT
 
@@ -53,9 +53,18 @@ def load_weights(model_file: ModelFile, model: GPT) -> None:
 
 
 def save_safetensors(model: GPT, tokenizer: Tokenizer, path: str | Path) -> Path:
-    """Write the weights as safetensors, with the model description as metadata; atomically."""
+    """Write the weights as safetensors, with the model description as metadata; atomically.
+
+    Raises:
+        WriteError: A full disk or a folder not the user's; `path` is then as it was.
+    """
     path = Path(path)
     metadata = {MODEL_KEY: json.dumps(describe(model.config, tokenizer.spec()))}
-    with atomic_write(path) as tmp:
+    with safe_write(path, size=weight_bytes(model)) as tmp:
         save_model(model, str(tmp), metadata=metadata)
     return path
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """The bytes of the model's weights, nearly all of an exported file's size (a tied weight once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())

@@ -14,7 +14,7 @@ import torch
 import yaml
 
 from minigpt.checkpoints import load_model, resolve_checkpoint
-from minigpt.common import UsageError, data_settings
+from minigpt.common import UsageError, another_folder_with, data_settings
 from minigpt.evaluation.results import table, write_results
 from minigpt.evaluation.tasks import Score
 from minigpt.evaluation.text import read_documents, score_text
@@ -198,7 +198,8 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
             }
         settings["model"] = {"file": str(model_file), "tokenizer": tokenizer.name, **asdict(model.config)}
         settings["device"] = str(device)
-        write_results(out, str(opts.checkpoint), rows, settings, argv)
+        with another_folder_with("--out"):
+            write_results(out, str(opts.checkpoint), rows, settings, argv)
     except USER_ERRORS as err:
         return report(err)
     print(table(rows))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.checkpoints import load_model, save_huggingface, save_safetensors
-from minigpt.common import UsageError
+from minigpt.common import UsageError, another_folder_with
 
 from .common import USER_ERRORS, options_parser, parse_options, report
 
@@ -54,11 +54,12 @@ def export_main(args: Sequence[str] | None = None) -> int:
         if out.exists() and opts.format == "safetensors" and not out.is_file():
             raise UsageError(f"{out} is a folder; --out must name a .safetensors file")
         model, tokenizer = load_model(opts.checkpoint)
-        if opts.format == "huggingface":
-            note = save_huggingface(model, tokenizer, out, replace=opts.force)
-        else:
-            save_safetensors(model, tokenizer, out)
-            note = None
+        with another_folder_with("--out"):
+            if opts.format == "huggingface":
+                note = save_huggingface(model, tokenizer, out, replace=opts.force)
+            else:
+                save_safetensors(model, tokenizer, out)
+                note = None
     except USER_ERRORS as err:
         return report(err)
     print(f"wrote {out} ({model.num_parameters(non_embedding=False):,} parameters)")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from minigpt.common import another_folder_with
 from minigpt.data.play_questions import KINDS, TEST_PLAYS, corpus_splits, write_splits
 
 from .common import USER_ERRORS, options_parser, parse_options, report
@@ -38,7 +39,8 @@ def play_questions_main(args: Sequence[str] | None = None) -> int:
     try:
         (opts,) = parse_options(parser, args, PlayQuestionsOptions)
         splits = corpus_splits(opts.seed)
-        paths = write_splits(Path(opts.out), splits, opts.force)
+        with another_folder_with("--out"):
+            paths = write_splits(Path(opts.out), splits, opts.force)
     except USER_ERRORS as err:
         return report(err)
     for name, path in paths.items():

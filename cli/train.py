@@ -19,7 +19,7 @@ from lightning.pytorch.loggers import CSVLogger
 
 from minigpt.checkpoints import CheckpointError, check_readable
 from minigpt.checkpoints.sharded import is_sharded_checkpoint
-from minigpt.common import WRITE_FAILURES, UsageError
+from minigpt.common import WRITE_FAILURES, UsageError, WriteError, reporting_write_failures
 from minigpt.data import TextDataModule
 from minigpt.training.callbacks import CheckpointWriteError, DivergenceError, SaveAndStopOnSignal
 from minigpt.training.lit import LitGPT
@@ -37,6 +37,11 @@ log = logging.getLogger("minigpt")
 class SaveAndLogConfig(SaveConfigCallback):
     """Lightning's config.yaml beside the CSV metrics, and the full config in every other logger
     (the wandb run's config, TensorBoard's hparams)."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        folder = Path(trainer.log_dir or trainer.default_root_dir)
+        with reporting_write_failures(folder / self.config_filename):
+            super().setup(trainer, pl_module, stage)
 
     def save_config(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         config = self.config.as_dict()
@@ -174,6 +179,11 @@ def train_main(args: Sequence[str] | None = None) -> int:
             if (code := _stopped_at_once(cli.trainer)) is None:
                 raise
             return code
+        except WriteError as err:  # mid-run: the checkpoints written before it stay
+            if newest_checkpoint(out_dir / "checkpoints") is None:
+                return report(err)
+            print(f"error: {err}; {resume_advice(out_dir, out_dir / 'checkpoints')}", file=sys.stderr)
+            return 1
     except USER_ERRORS as err:
         return report(err)
     except DivergenceError as err:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from minigpt.common import UsageError
+from minigpt.common import UsageError, safe_write
 from minigpt.data import BPETokenizer, DataConfig, Tokenizer, build_tokenizer
 from minigpt.data.corpus import Corpus, resolve_corpus
 from minigpt.data.split import training_text, validation_text
@@ -130,7 +130,10 @@ def train_tokenizer_main(args: Sequence[str] | None = None) -> int:
         print(f"sample, {len(sample.encode('utf-8'))} bytes in {len(ids)} tokens:")
         print("|".join(_shown(pieces[i]) for i in ids))
     if save is not None and isinstance(tokenizer, BPETokenizer):
-        save.parent.mkdir(parents=True, exist_ok=True)
-        save.write_text(tokenizer.hf_tokenizer_json(), encoding="utf-8")
+        try:
+            with safe_write(save, option="--save") as tmp:
+                tmp.write_text(tokenizer.hf_tokenizer_json(), encoding="utf-8")
+        except USER_ERRORS as err:
+            return report(err)
         print(f"wrote {save} (tokenizers.Tokenizer.from_file reads it)")
     return 0

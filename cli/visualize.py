@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from minigpt.checkpoints import load_model
-from minigpt.common import UsageError, atomic_write
+from minigpt.common import UsageError, WriteError, safe_write
 from minigpt.viz.attention import MAX_TOKENS, attention_figures, figure_to_png, seed_example_figure
 
 from .common import USER_ERRORS, options_parser, parse_options, report
@@ -101,10 +101,10 @@ def visualize_main(args: Sequence[str] | None = None) -> int:
         return report(err)
     try:
         for name, path in paths.items():
-            with atomic_write(path) as tmp:
+            with safe_write(path, option="--out") as tmp:
                 tmp.write_bytes(figure_to_png(figures[name], dpi=opts.dpi))
             print(path)
-    except OSError as err:
+    except (WriteError, OSError) as err:  # OSError: another, such as an --out under a file
         return report(err)
     return 0
 

@@ -8,6 +8,8 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from minigpt.common import another_folder_with
+
 from .config import DataConfig
 from .errors import DataError
 from .loader import ResumableLoader
@@ -57,7 +59,8 @@ class TextDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         # Kept only as a shortcut for setup() in this same process; other ranks find the files
         # again through open_prepared().
-        self._prepared = prepare(self.config, context_length=self.context_length)
+        with another_folder_with("--data.config.cache_dir"):
+            self._prepared = prepare(self.config, context_length=self.context_length)
 
     def setup(self, stage: str | None = None) -> None:
         if self._tokenizer is not None:

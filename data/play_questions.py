@@ -76,7 +76,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minigpt.common import atomic_write
+from minigpt.common import safe_write
 
 from .errors import DataError
 from .shakespeare import shakespeare_path
@@ -410,14 +410,14 @@ def write_splits(
     """Write each split to ``out/<split>.jsonl``, one row a line; the paths.
 
     Raises:
-        DataError: A file exists and ``force`` is not set.
+        DataError: A file exists and ``force`` is not set; WriteError: a full disk, a folder not theirs.
     """
     paths = {name: out / f"{name}.jsonl" for name in splits}
     existing = [str(p) for p in paths.values() if p.exists()]
     if existing and not force:
         raise DataError(f"{existing[0]} already exists; pass --force to replace it, or --out another folder")
     for name, path in paths.items():
-        with atomic_write(path) as tmp:
+        with safe_write(path) as tmp:
             tmp.write_text("".join(json.dumps(row) + "\n" for row in splits[name]), encoding="utf-8")
     return paths
 

@@ -22,7 +22,6 @@ renamed into place with its ``meta.json`` when complete, so a crash never leaves
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from minigpt.common import WriteError, write_failure
 
 from .config import DataConfig
 from .corpus import Corpus, resolve_corpus
@@ -251,27 +252,34 @@ def prepare(
             :meth:`PreparedData.require`).
 
     Raises:
-        DataError: For any problem with the source, tokenizer, budget, disk or corpus size.
+        DataError: For any problem with the source, tokenizer, budget or corpus size.
+        WriteError: A full disk or a folder not the user's; a second call resumes after the shards done.
     """
     corpus, directory = _locate(config, cache_root)
     if not (directory / META_FILE).is_file():
-        with exclusive(directory.parent / f".{directory.name}.lock"):
-            if not (directory / META_FILE).is_file():  # another process may have finished it meanwhile
-                try:
+        try:
+            with exclusive(directory.parent / f".{directory.name}.lock"):
+                if not (directory / META_FILE).is_file():  # another process may have finished it meanwhile
                     _build(corpus, config, directory)
-                except OSError as error:
-                    if error.errno != errno.ENOSPC:
-                        raise
-                    partial = partial_folder(directory)
-                    done = len(Progress.load(partial).shard_tokens)
-                    raise DataError(
-                        f"the disk filled while preparing {corpus.description} in {partial}; the unfinished"
-                        f" shard was removed; free some space and run again to resume after shard {done}"
-                    ) from None
+        except OSError as error:
+            if (failure := _cache_write_failure(error, directory.parent)) is None:
+                raise
+            partial = partial_folder(directory)
+            done = len(Progress.load(partial).shard_tokens) if partial.is_dir() else 0
+            note = f"run again to resume after shard {done}" if done else None
+            raise WriteError(partial, failure, note=note) from error
     prepared = PreparedData.open(directory)
     if context_length is not None:
         prepared.require(context_length)
     return prepared
+
+
+def _cache_write_failure(error: OSError, cache_root: Path) -> OSError | None:
+    """The failure to write the cache behind `error` (a full disk, a folder not the user's); None
+    for any other, such as a source file the user may not read."""
+    failure = write_failure(error)
+    named = None if failure is None or failure.filename is None else Path(os.fsdecode(failure.filename))
+    return failure if named is None or named.absolute().is_relative_to(cache_root) else None
 
 
 def open_prepared(

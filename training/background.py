@@ -17,6 +17,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from minigpt.common import UsageError
+
 NICENESS = 10
 """How much lower the child's priority is: on a busy CPU, training goes first."""
 
@@ -25,7 +27,8 @@ class Job:
     """`target(*args)` started now, in a forked child where the platform can fork, else run here.
 
     `done()` says, without waiting, whether the result is in; `result()` waits for it and returns
-    it, or raises RuntimeError with the child's traceback when the work failed.
+    it, or raises RuntimeError with the child's traceback when the work failed; a UsageError (one
+    line for the user, such as a WriteError for a full disk) is raised again as it is.
     """
 
     def __init__(self, target: Callable[..., Any], *args: Any, background: bool = True) -> None:
@@ -57,6 +60,8 @@ class Job:
         self._receive.close()
         self._process = None
         if not ok:
+            if isinstance(value, UsageError):
+                raise value
             raise RuntimeError(f"background work failed: {value}")
         self._value = value
         return value
@@ -76,7 +81,7 @@ def _child(send: Any, target: Callable[..., Any], args: tuple[Any, ...]) -> None
     torch.set_num_threads(1)
     try:
         send.send((True, target(*args)))
-    except BaseException:  # noqa: BLE001 - whatever went wrong, the parent raises it
-        send.send((False, traceback.format_exc()))
+    except BaseException as error:  # noqa: BLE001 - whatever went wrong, the parent raises it
+        send.send((False, error if isinstance(error, UsageError) else traceback.format_exc()))
     finally:
         send.close()

@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.loggers import WandbLogger
 from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
 
-from minigpt.common import atomic_write, available_cores
+from minigpt.common import appending, available_cores, reporting_write_failures, safe_write
 from minigpt.model import GPT, generate
 from minigpt.viz.attention import attention_of, draw_attention, figure_to_png
 from minigpt.viz.report import write_run_report
@@ -132,10 +132,11 @@ class SampleText(_Shown):
         text = self.sample.prompt + trainer.datamodule.tokenizer.decode(new)
         trainer.lightning_module.print(f"\n--- sample at step {step} ---\n{text}\n---")
         self.rows.append([step, text])
-        run_dir = Path(trainer.default_root_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with open(run_dir / SAMPLES_FILE, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": step, "text": text}) + "\n")
+        path = Path(trainer.default_root_dir) / SAMPLES_FILE
+        with reporting_write_failures(path), appending(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "text": text}) + "\n")
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 logger.log_text(key="samples", columns=["step", "text"], data=self.rows, step=step)
@@ -186,7 +187,8 @@ class AttentionMaps(_Shown):
             return
         weights, labels = attention_of(model, trainer.datamodule.tokenizer, self.prompt)
         folder = Path(trainer.default_root_dir) / ATTENTION_DIR
-        folder.mkdir(parents=True, exist_ok=True)
+        with reporting_write_failures(folder):
+            folder.mkdir(parents=True, exist_ok=True)
         # The layers shared among as many jobs as there are cores: matplotlib draws on one core,
         # and after the last validation the run waits for the drawing.
         jobs = min(len(weights), available_cores())
@@ -208,7 +210,7 @@ def _draw_pngs(weights: dict[int, Any], labels: list[str], prompt: str, folder: 
     paths = []
     for name, figure in draw_attention(weights, labels, prompt).items():
         paths.append(folder / f"{name}.png")
-        with atomic_write(paths[-1]) as tmp:
+        with safe_write(paths[-1]) as tmp:
             tmp.write_bytes(figure_to_png(figure))
     return paths
 

@@ -8,18 +8,28 @@ Any other Lightning logger works too, with its `save_dir` written out.
 
 from __future__ import annotations
 
+import csv
 import logging
 import netrc
 import os
 import socket
+from argparse import Namespace
 from pathlib import Path
 from typing import Any, Literal
 
+from lightning.pytorch.core.saving import save_hparams_to_yaml
 from lightning.pytorch.loggers import CSVLogger as LightningCSVLogger
 from lightning.pytorch.loggers import WandbLogger as LightningWandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 
-from minigpt.common import UsageError
+from minigpt.common import (
+    UsageError,
+    WriteError,
+    appending,
+    atomic_write,
+    reporting_write_failures,
+    safe_write,
+)
 
 from .lightning_internals import step_logs_kept
 
@@ -206,7 +216,12 @@ def quiet_wandb() -> None:
 
 
 class CSVLogger(LightningCSVLogger):
-    """Lightning's `CSVLogger` (metrics.csv per run version), in the run folder by default."""
+    """Lightning's `CSVLogger` (metrics.csv per run version), in the run folder by default, whose
+    files a full disk or a folder made read-only never leaves half-written: such a failure raises
+    WriteError (one line) and leaves each file as it was. Lightning appends rows to metrics.csv,
+    rewrites it in place when a new metric widens its header, and rewrites hparams.yaml in place;
+    here an append that fails is cut back, and the rewrites are atomic. Tested on Lightning 2.6.6.
+    """
 
     def __init__(
         self,
@@ -231,6 +246,45 @@ class CSVLogger(LightningCSVLogger):
             prefix=prefix,
             flush_logs_every_n_steps=flush_logs_every_n_steps,
         )
+
+    @property
+    def experiment(self) -> Any:
+        with reporting_write_failures(self.log_dir):  # its folders are made with it
+            return super().experiment
+
+    @rank_zero_only
+    def log_hyperparams(self, params: dict[str, Any] | Namespace | None = None) -> None:
+        writer = self.experiment
+        writer.hparams.update(vars(params) if isinstance(params, Namespace) else params or {})
+        with safe_write(Path(writer.log_dir) / writer.NAME_HPARAMS_FILE) as tmp:
+            save_hparams_to_yaml(tmp, writer.hparams)
+
+    @rank_zero_only
+    def save(self) -> None:
+        writer = self.experiment
+        path = Path(writer.metrics_file_path)
+        try:
+            with reporting_write_failures(path):
+                new_keys = set().union(*writer.metrics) - set(writer.metrics_keys)
+                if new_keys and path.is_file():  # widened here, so that Lightning only appends
+                    keys = sorted([*writer.metrics_keys, *new_keys])
+                    _rewrite_header(path, keys)
+                    writer.metrics_keys[:] = keys
+                with appending(path):
+                    super().save()
+        except WriteError:
+            writer.metrics.clear()  # rows that cannot be written: finalize must not try them again
+            raise
+
+
+def _rewrite_header(path: Path, keys: list[str]) -> None:
+    """Rewrite the CSV at `path` under the header `keys`, whole or not at all."""
+    with open(path, newline="") as file:
+        rows = list(csv.DictReader(file))
+    with atomic_write(path) as tmp, open(tmp, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def step_logs_written(trainer: Any) -> bool:

@@ -17,6 +17,8 @@ huggingface/peft#2863, before which a head (a Linear, not an Embedding) could no
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from minigpt.checkpoints.convert import LORA_ADAPTER, TOKEN_ROWS
-from minigpt.common import atomic_write
+from minigpt.common import safe_write
 from minigpt.model import GPT
 
 from .config import LoRAConfig
@@ -80,17 +82,23 @@ def save_adapter(model: GPT, state: dict[str, torch.Tensor], folder: Path, base:
     """Write the adapters of `state`, a state dict of `model` (which holds the adapters), alone in
     `folder`: `adapter_model.safetensors` and `adapter_config.json`, peft's files, which
     `load_adapter` reads back onto the weights the run started from, `base` (the config names
-    it). The new tokens' rows are written with them. Returns the weights' path."""
+    it). The new tokens' rows are written with them. Returns the weights' path. Each file is
+    replaced whole or not at all: a full disk or a folder not the user's raises WriteError."""
     from peft import get_peft_model_state_dict
+    from peft.utils import CONFIG_NAME
 
     # The rows alone, never the whole table (peft's "auto" would look for the base's config).
     adapters = get_peft_model_state_dict(model, state_dict=state, save_embedding_layers=False)
     path = folder / ADAPTER_WEIGHTS
-    with atomic_write(path) as tmp:
+    size = sum(tensor.numel() * tensor.element_size() for tensor in adapters.values())
+    with safe_write(path, size=size) as tmp:
         save_file({name: tensor.contiguous() for name, tensor in adapters.items()}, tmp, {"format": "pt"})
     config = model.peft_config[LORA_ADAPTER]
     config.base_model_name_or_path = base
-    config.save_pretrained(str(folder))
+    # peft writes the config into a folder: a folder of its own, whose file then moves into place.
+    with safe_write(folder / CONFIG_NAME) as tmp, tempfile.TemporaryDirectory(dir=folder) as staging:
+        config.save_pretrained(staging)
+        os.replace(Path(staging) / CONFIG_NAME, tmp)
     return path
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import yaml
 
-from minigpt.common import UsageError, atomic_write, data_settings
+from minigpt.common import UsageError, data_settings, safe_write
 
 if TYPE_CHECKING:  # matplotlib (~0.3 s) is imported where the curves are drawn, not when training starts
     from matplotlib.figure import Figure
@@ -270,6 +270,6 @@ def write_curves(run_dir: Path, out: Path | None = None, log: RunLog | None = No
     log = log if log is not None else read_run(run_dir)
     out = out if out is not None else run_dir / CURVES_FILE
     fig = plot_curves(log)
-    with atomic_write(out) as tmp:
+    with safe_write(out) as tmp:
         fig.savefig(tmp, format="png")
     return out

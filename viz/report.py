@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minigpt.common import atomic_write, duration
+from minigpt.common import duration, safe_write
 
 from .curves import RunLog, read_run, write_curves
 
@@ -203,7 +203,8 @@ def write_run_report(
         attention_pngs: Attention-map PNGs by caption; None: those in `<run>/attention/`, if any.
 
     Raises UsageError when the folder holds no CSV log or the log is empty, unless `allow_empty`
-    (the end of a run shorter than its log interval: the report then says nothing was logged).
+    (the end of a run shorter than its log interval: the report then says nothing was logged), and
+    WriteError when the disk is full or the folder not the user's (the files there are as they were).
     Called at the end of training, the CSV logger must have been saved first, or the last rows are
     not on disk yet.
     """
@@ -214,6 +215,6 @@ def write_run_report(
     attention = find_attention(run_dir) if attention_pngs is None else attention_pngs
     html = render_report(log, curves.read_bytes(), samples, attention, [note] if note else None)
     report = run_dir / REPORT_FILE
-    with atomic_write(report) as tmp:
+    with safe_write(report) as tmp:
         tmp.write_text(html, encoding="utf-8")
     return curves, report

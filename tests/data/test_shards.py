@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from minigpt.common import WriteError
 from minigpt.data import DataConfig, DataError, TextDataModule, prepare
 from minigpt.data.shards import ShardWriter
 
@@ -75,7 +76,7 @@ def test_a_full_disk_publishes_no_partial_shard_and_the_rerun_resumes(
 
     with monkeypatch.context() as patch:
         patch.setattr(ShardWriter, "write_tokens", fill_disk_after_three_shards)
-        with pytest.raises(DataError, match="the disk filled .* run again to resume after shard 3$"):
+        with pytest.raises(WriteError, match=r"/\.partial-.*: no space left .* resume after shard 3$"):
             prepare(config)
     partial = next((tmp_path / "data_cache").glob(".partial-*"))
     assert sorted(p.name for p in partial.glob("*.bin*")) == [f"raw-0000{i}.bin" for i in range(3)]
