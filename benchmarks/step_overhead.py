@@ -74,7 +74,7 @@ def bare_worker(args: list[str], out: Path) -> None:
 
     from minigpt.cli.train import build_cli
     from minigpt.model import GPT
-    from minigpt.training.averaging import EMAWeights, MovingAverage
+    from minigpt.training.callbacks.averaging import EMAWeights, MovingAverage
     from minigpt.training.loss import next_token_loss
     from minigpt.training.optim import build_optimizer, build_scheduler
 

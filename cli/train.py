@@ -21,7 +21,8 @@ from minigpt.checkpoints import CheckpointError, check_readable
 from minigpt.checkpoints.sharded import is_sharded_checkpoint
 from minigpt.common import WRITE_FAILURES, UsageError, WriteError, reporting_write_failures
 from minigpt.data import TextDataModule
-from minigpt.training.callbacks import CheckpointWriteError, DivergenceError, SaveAndStopOnSignal
+from minigpt.training.callbacks.checkpoints import CheckpointWriteError
+from minigpt.training.callbacks.guards import DivergenceError, SaveAndStopOnSignal
 from minigpt.training.lit import LitGPT
 
 from .common import USER_ERRORS, report, resolve_config_args

@@ -37,20 +37,20 @@ TRAINER = {
 """Lightning's Trainer settings that differ from Lightning's own defaults in every shipped config."""
 
 KNOWN = {
-    "ModelCheckpoint": "minigpt.training.callbacks.ModelCheckpoint",
+    "ModelCheckpoint": "minigpt.training.callbacks.checkpoints.ModelCheckpoint",
     "LearningRateMonitor": "lightning.pytorch.callbacks.LearningRateMonitor",
-    "TokensPerSecond": "minigpt.training.throughput.TokensPerSecond",
-    "StopOnNonFinite": "minigpt.training.callbacks.StopOnNonFinite",
-    "SaveAndStopOnSignal": "minigpt.training.callbacks.SaveAndStopOnSignal",
-    "SampleText": "minigpt.training.dashboard.SampleText",
-    "AttentionMaps": "minigpt.training.dashboard.AttentionMaps",
-    "EMAWeights": "minigpt.training.averaging.EMAWeights",
-    "EvaluateTasks": "minigpt.training.evaluation.EvaluateTasks",
+    "TokensPerSecond": "minigpt.training.callbacks.throughput.TokensPerSecond",
+    "StopOnNonFinite": "minigpt.training.callbacks.guards.StopOnNonFinite",
+    "SaveAndStopOnSignal": "minigpt.training.callbacks.guards.SaveAndStopOnSignal",
+    "SampleText": "minigpt.training.callbacks.dashboard.SampleText",
+    "AttentionMaps": "minigpt.training.callbacks.dashboard.AttentionMaps",
+    "EMAWeights": "minigpt.training.callbacks.averaging.EMAWeights",
+    "EvaluateTasks": "minigpt.training.callbacks.lm_eval_tasks.EvaluateTasks",
     "EarlyStopping": "lightning.pytorch.callbacks.EarlyStopping",
-    "ValidateAtEnd": "minigpt.training.validation.ValidateAtEnd",
-    "RunReport": "minigpt.training.dashboard.RunReport",
-    "RunSummary": "minigpt.training.console.RunSummary",
-    "StepProgressBar": "minigpt.training.console.StepProgressBar",
+    "ValidateAtEnd": "minigpt.training.callbacks.validate_at_end.ValidateAtEnd",
+    "RunReport": "minigpt.training.callbacks.dashboard.RunReport",
+    "RunSummary": "minigpt.training.callbacks.console.RunSummary",
+    "StepProgressBar": "minigpt.training.callbacks.console.StepProgressBar",
     "CSVLogger": "minigpt.training.loggers.CSVLogger",
     "WandbLogger": "minigpt.training.loggers.WandbLogger",
 }
@@ -100,7 +100,9 @@ LOGGER_NAMES = [name for name in KNOWN if name.endswith("Logger")]
 Loggers = by_name_settings("Loggers", LOGGER_NAMES)
 """`loggers:`, as `Callbacks`."""
 
-PLUGINS = [{"class_path": "minigpt.training.callbacks.AtomicCheckpointIO"}]  # checkpoints written atomically
+PLUGINS = [
+    {"class_path": "minigpt.training.callbacks.checkpoints.AtomicCheckpointIO"}
+]  # checkpoints written atomically
 
 
 def parser_defaults() -> dict[str, Any]:

@@ -79,7 +79,7 @@ def split() -> None:
 
     from minigpt.cli.train import train_main
     from minigpt.model import GPT
-    from minigpt.training.averaging import MovingAverage
+    from minigpt.training.callbacks.averaging import MovingAverage
     from minigpt.training.lit import LitGPT
     from step_overhead import SHAPES, train_args
 

@@ -119,7 +119,7 @@ def qk_node_cost(case: str, rounds: int) -> None:
 def maps_cost(case: str, rounds: int) -> None:
     from minigpt.data import CharTokenizer
     from minigpt.model import GPT, GPTConfig
-    from minigpt.training.dashboard import AttentionMaps
+    from minigpt.training.callbacks.dashboard import AttentionMaps
     from minigpt.viz import attention as maps
 
     file, over = CASES[case]

@@ -10,13 +10,13 @@ import yaml
 
 from minigpt.cli.train_defaults import expanded
 from minigpt.data import DataConfig
-from minigpt.training.averaging import EMAWeights
+from minigpt.training.callbacks.averaging import EMAWeights
 from minigpt.training.config import OptimConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository root, where train.py and configs/ are."""
 
-EMA = "minigpt.training.averaging.EMAWeights"
+EMA = "minigpt.training.callbacks.averaging.EMAWeights"
 """The weight-averaging callback; a variant appends it to the config's callbacks."""
 
 

@@ -21,8 +21,8 @@ from minigpt.data import DataConfig, TextDataModule  # noqa: E402
 from minigpt.evaluation.harness import MiniGPTLM  # noqa: E402
 from minigpt.evaluation.tasks import evaluate_lm, load_tasks, scores, task_manager  # noqa: E402
 from minigpt.model import ConfigError, GPTConfig  # noqa: E402
-from minigpt.training.console import RunSummary  # noqa: E402
-from minigpt.training.evaluation import EvaluateTasks  # noqa: E402
+from minigpt.training.callbacks.console import RunSummary  # noqa: E402
+from minigpt.training.callbacks.lm_eval_tasks import EvaluateTasks  # noqa: E402
 from minigpt.training.lit import LitGPT  # noqa: E402
 from minigpt.viz.report import write_run_report  # noqa: E402
 
@@ -44,7 +44,7 @@ def test_tasks_are_scored_every_second_validation_and_logged_beside_val_loss(
     parser = ArgumentParser()
     parser.add_argument("--callbacks", type=list[L.Callback])
     declared = f"""
-      - class_path: minigpt.training.evaluation.EvaluateTasks
+      - class_path: minigpt.training.callbacks.lm_eval_tasks.EvaluateTasks
         init_args:
           {{tasks: [mini_choice, mini_text], include_path: {tasks}, limit: 3, every_n_validations: 2}}
     """

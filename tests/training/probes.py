@@ -16,7 +16,7 @@ from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.strategies.fsdp import _setup_activation_checkpointing
 from torch.distributed.fsdp import FullyShardedDataParallel
 
-from minigpt.training.callbacks import AtomicCheckpointIO
+from minigpt.training.callbacks.checkpoints import AtomicCheckpointIO
 
 
 class RecordRank(L.Callback):

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from minigpt.training.callbacks import AtomicCheckpointIO
+from minigpt.training.callbacks.checkpoints import AtomicCheckpointIO
 
 CHILD = """
 import sys, torch
-from minigpt.training.callbacks import AtomicCheckpointIO
+from minigpt.training.callbacks.checkpoints import AtomicCheckpointIO
 # About 400 MB: long enough to be killed in the middle of writing it.
 AtomicCheckpointIO().save_checkpoint({"state_dict": {"w": torch.ones(100_000_000)}}, sys.argv[1])
 """

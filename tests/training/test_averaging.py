@@ -14,7 +14,7 @@ from minigpt.cli.generate import generate_main
 from minigpt.cli.train import train_main
 from minigpt.data import DataConfig, TextDataModule
 from minigpt.model import ConfigError, GPTConfig
-from minigpt.training.averaging import EMAWeights, MovingAverage
+from minigpt.training.callbacks.averaging import EMAWeights, MovingAverage
 from minigpt.training.config import OptimConfig
 from minigpt.training.lit import LitGPT
 
@@ -156,7 +156,7 @@ def test_train_py_with_ema_samples_from_the_average_and_refuses_a_bad_decay(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    ema = ["--trainer.callbacks+=minigpt.training.averaging.EMAWeights", "--trainer.max_steps", "6"]
+    ema = ["--trainer.callbacks+=minigpt.training.callbacks.averaging.EMAWeights", "--trainer.max_steps", "6"]
     run = tmp_path / "run"
     assert train_main(tiny_args(corpus, run, *ema, "--trainer.callbacks.decay", "0.9")) == 0
     capsys.readouterr()

@@ -11,8 +11,8 @@ import yaml
 
 from minigpt.cli.train import train_main
 from minigpt.cli.visualize import visualize_main
-from minigpt.training.background import Job
-from minigpt.training.dashboard import AttentionMaps
+from minigpt.training.callbacks.background import Job
+from minigpt.training.callbacks.dashboard import AttentionMaps
 
 from .conftest import REPO, tiny_args
 

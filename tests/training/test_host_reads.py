@@ -25,7 +25,7 @@ def test_steps_between_logs_read_nothing_on_the_host(corpus: Path, tmp_path: Pat
         if callback["class_path"].endswith("StopOnNonFinite"):  # as on a GPU: read at the log steps
             callback["init_args"] = {"check_every_n_steps": LOG_EVERY}
     # The shipped callbacks that act at every step: the weight average and the progress bar.
-    callbacks.append({"class_path": "minigpt.training.averaging.EMAWeights"})
+    callbacks.append({"class_path": "minigpt.training.callbacks.averaging.EMAWeights"})
     callbacks.append(
         {"class_path": "tests.training.probes.CountHostReads", "init_args": {"folder": str(tmp_path)}}
     )

@@ -20,13 +20,13 @@ from torch import nn
 from minigpt.data import DataConfig, TextDataModule
 from minigpt.model import GPT, GPTConfig
 from minigpt.training import throughput
+from minigpt.training.callbacks.console import RunSummary, StepProgressBar, compile_tip
+from minigpt.training.callbacks.dashboard import SampleText
+from minigpt.training.callbacks.throughput import TokensPerSecond
 from minigpt.training.config import SampleConfig
-from minigpt.training.console import RunSummary, StepProgressBar, compile_tip
-from minigpt.training.dashboard import SampleText
 from minigpt.training.flops import training_flops_per_token
 from minigpt.training.lightning_internals import logging_step
 from minigpt.training.lit import LitGPT
-from minigpt.training.throughput import TokensPerSecond
 
 SHAPE = GPTConfig(context_length=16, n_layer=2, n_head=2, n_embd=32)
 

@@ -450,7 +450,7 @@ def test_row_blocks_must_divide_the_matrix() -> None:
 def test_the_run_summary_says_how_muon_orthogonalises(settings: dict, said: str) -> None:
     from types import SimpleNamespace
 
-    from minigpt.training.console import _orthogonalisation
+    from minigpt.training.callbacks.console import _orthogonalisation
 
     model = GPT(CONFIG)
     config = OptimConfig(optimizer="muon", muon_ns_coefficients="polar_express", muon_ns_steps=3, **settings)

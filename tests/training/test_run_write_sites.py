@@ -18,9 +18,9 @@ from minigpt.cli.train import train_main
 from minigpt.common import WriteError
 from minigpt.data import CharTokenizer, DataConfig, prepare
 from minigpt.model import GPT, GPTConfig
-from minigpt.training.background import Job
+from minigpt.training.callbacks.background import Job
+from minigpt.training.callbacks.dashboard import SampleText, _draw_pngs
 from minigpt.training.config import LoRAConfig
-from minigpt.training.dashboard import SampleText, _draw_pngs
 from minigpt.training.loggers import CSVLogger
 from minigpt.training.lora import add_adapters, save_adapter
 from minigpt.viz.attention import attention_of

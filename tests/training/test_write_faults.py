@@ -12,7 +12,7 @@ import torch
 
 from minigpt.cli.train import train_main
 from minigpt.common import sha256_file
-from minigpt.training.callbacks import AtomicCheckpointIO, CheckpointWriteError
+from minigpt.training.callbacks.checkpoints import AtomicCheckpointIO, CheckpointWriteError
 
 from .conftest import tiny_args
 from .faults import FailingSaveAt

@@ -8,8 +8,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from .flops import known_peak_flops, training_flops_per_token
-from .loggers import step_logs_written
+from ..flops import known_peak_flops, training_flops_per_token
+from ..loggers import step_logs_written
 
 
 def tokens_per_step(trainer: L.Trainer, batch_tokens: int) -> int:

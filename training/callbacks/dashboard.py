@@ -18,8 +18,8 @@ from minigpt.model import GPT, generate
 from minigpt.viz.attention import attention_of, draw_attention, figure_to_png
 from minigpt.viz.report import write_run_report
 
+from ..config import SampleConfig
 from .background import Job
-from .config import SampleConfig
 
 ATTENTION_DIR = "attention"
 """In the run folder: the latest attention maps, one PNG per layer."""

@@ -18,11 +18,11 @@ from minigpt.common import duration
 from minigpt.model import GPTConfig, MultiHeadAttention
 from minigpt.model.gpt import parameter_count
 
-from .flops import training_flops_per_token
-from .loggers import WandbLogger, step_logs_written
-from .lora import ADAPTER_FOLDER, is_token_rows
-from .muon import NS_COEFFICIENTS, ns_schedule
-from .precision import cpu_description
+from ..flops import training_flops_per_token
+from ..loggers import WandbLogger, step_logs_written
+from ..lora import ADAPTER_FOLDER, is_token_rows
+from ..muon import NS_COEFFICIENTS, ns_schedule
+from ..precision import cpu_description
 from .throughput import tokens_per_step
 
 log = logging.getLogger("minigpt")
