@@ -15,8 +15,8 @@ import yaml
 
 from minigpt.checkpoints import load_model, resolve_checkpoint
 from minigpt.common import UsageError, another_folder_with, data_settings
+from minigpt.evaluation.lm_eval import Score
 from minigpt.evaluation.results import table, write_results
-from minigpt.evaluation.tasks import Score
 from minigpt.evaluation.text import read_documents, score_text
 
 from .common import USER_ERRORS, options_parser, parse_options, report
@@ -168,7 +168,7 @@ def evaluate_main(args: Sequence[str] | None = None) -> int:
             )
         if opts.tasks:
             from minigpt.data.tokenizer import ChatTokenizer
-            from minigpt.evaluation.tasks import run_tasks
+            from minigpt.evaluation.lm_eval import run_tasks
 
             chat = opts.apply_chat_template
             chat = isinstance(tokenizer, ChatTokenizer) if chat is None else chat

@@ -15,7 +15,7 @@ from typing import Any
 
 from minigpt.common import safe_write
 
-from .tasks import Score
+from .lm_eval import Score
 
 
 def versions() -> dict[str, str]:

@@ -19,7 +19,7 @@ lm_eval_tasks = pytest.importorskip(
 from minigpt.common import UsageError  # noqa: E402
 from minigpt.data import DataConfig, TextDataModule  # noqa: E402
 from minigpt.evaluation.harness import MiniGPTLM  # noqa: E402
-from minigpt.evaluation.tasks import evaluate_lm, load_tasks, scores, task_manager  # noqa: E402
+from minigpt.evaluation.lm_eval import evaluate_lm, load_tasks, scores, task_manager  # noqa: E402
 from minigpt.model import ConfigError, GPTConfig  # noqa: E402
 from minigpt.training.callbacks.console import RunSummary  # noqa: E402
 from minigpt.training.callbacks.lm_eval_tasks import EvaluateTasks  # noqa: E402

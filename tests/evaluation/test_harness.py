@@ -16,7 +16,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 
 from minigpt.data import DataError, GPT2Tokenizer  # noqa: E402
 from minigpt.evaluation.harness import MiniGPTLM  # noqa: E402
-from minigpt.evaluation.tasks import run_tasks  # noqa: E402
+from minigpt.evaluation.lm_eval import run_tasks  # noqa: E402
 
 from .conftest import CHOICES, TEXTS, bigram_model, bigram_table  # noqa: E402
 
@@ -94,7 +94,7 @@ def test_our_lm_scores_an_exported_gpt2_as_lm_evals_hf_model_does(
     from lm_eval.models.huggingface import HFLM
 
     from minigpt.checkpoints import save_huggingface
-    from minigpt.evaluation.tasks import evaluate_lm, load_tasks, scores, task_manager
+    from minigpt.evaluation.lm_eval import evaluate_lm, load_tasks, scores, task_manager
     from minigpt.model import GPT, GPTConfig
 
     tokenizer = GPT2Tokenizer(gpt2_encoding)

@@ -21,7 +21,7 @@ from minigpt.data.chat import ChatEncoder  # noqa: E402
 from minigpt.data.instructions import instruction_messages  # noqa: E402
 from minigpt.data.tokenizer import ChatTokenizer, with_chat_tokens  # noqa: E402
 from minigpt.evaluation.harness import MiniGPTLM  # noqa: E402
-from minigpt.evaluation.tasks import run_tasks  # noqa: E402
+from minigpt.evaluation.lm_eval import run_tasks  # noqa: E402
 from minigpt.model import GPT, GPTConfig  # noqa: E402
 
 from ..data.plays import synthetic_corpus  # noqa: E402

@@ -42,7 +42,7 @@ class EvaluateTasks(L.Callback):
             num_fewshot: Examples in each prompt (null: each task's own).
             batch_size: Sequences per forward pass.
         """
-        from minigpt.evaluation.tasks import task_manager
+        from minigpt.evaluation.lm_eval import task_manager
 
         if not tasks:
             raise ConfigError("EvaluateTasks needs at least one task")
@@ -64,7 +64,7 @@ class EvaluateTasks(L.Callback):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if trainer.is_global_zero and stage == "fit":
-            from minigpt.evaluation.tasks import load_tasks
+            from minigpt.evaluation.lm_eval import load_tasks
 
             load_tasks(self._manager, self.tasks)  # missing data stops the run before its first step
 
@@ -79,7 +79,7 @@ class EvaluateTasks(L.Callback):
         if model is None:  # not rank 0
             return
         from minigpt.evaluation.harness import MiniGPTLM
-        from minigpt.evaluation.tasks import evaluate_lm, load_tasks, scores
+        from minigpt.evaluation.lm_eval import evaluate_lm, load_tasks, scores
 
         start = time.perf_counter()
         lm = MiniGPTLM(model, trainer.datamodule.tokenizer, batch_size=self.batch_size)
