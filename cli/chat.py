@@ -29,7 +29,7 @@ from minigpt.data.tokenizer import ChatTokenizer
 from minigpt.model import GPT, generate_tokens, optimize_for_decoding
 from minigpt.training.config import SampleConfig
 
-from .common import USER_ERRORS, options_parser, parse_options, report
+from .command import USER_ERRORS, options_parser, parse_options, report
 
 PROMPT = "you> "
 INTERRUPTED = 130

@@ -19,7 +19,7 @@ from minigpt.evaluation.lm_eval import Score
 from minigpt.evaluation.results import table, write_results
 from minigpt.evaluation.text import read_documents, score_text
 
-from .common import USER_ERRORS, options_parser, parse_options, report
+from .command import USER_ERRORS, options_parser, parse_options, report
 
 RESULTS_FILE = "evaluation.json"
 """Beside the model (in a run folder, or next to a model file): the results, unless --out says."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from minigpt.checkpoints import load_model, save_huggingface, save_safetensors
 from minigpt.common import UsageError, another_folder_with
 
-from .common import USER_ERRORS, options_parser, parse_options, report
+from .command import USER_ERRORS, options_parser, parse_options, report
 
 EXPORT_FORMATS = ("safetensors", "huggingface")
 

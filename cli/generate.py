@@ -14,7 +14,7 @@ from minigpt.common.text import TextStream
 from minigpt.model import generate_tokens, optimize_for_decoding
 from minigpt.training.config import SampleConfig
 
-from .common import USER_ERRORS, options_parser, parse_options, report
+from .command import USER_ERRORS, options_parser, parse_options, report
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from minigpt.common import another_folder_with
 from minigpt.data.play_questions import KINDS, TEST_PLAYS, corpus_splits, write_splits
 
-from .common import USER_ERRORS, options_parser, parse_options, report
+from .command import USER_ERRORS, options_parser, parse_options, report
 
 
 @dataclass(frozen=True)

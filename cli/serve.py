@@ -13,7 +13,7 @@ import torch
 
 from minigpt.common import UsageError
 
-from .common import USER_ERRORS, options_parser, parse_options, report
+from .command import USER_ERRORS, options_parser, parse_options, report
 
 API_KEY_ENV = "MINIGPT_API_KEY"
 """The environment variable that holds the API key, as an alternative to --api_key."""

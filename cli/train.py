@@ -25,7 +25,7 @@ from minigpt.training.callbacks.checkpoints import CheckpointWriteError
 from minigpt.training.callbacks.guards import DivergenceError, SaveAndStopOnSignal
 from minigpt.training.lit import LitGPT
 
-from .common import USER_ERRORS, report, resolve_config_args
+from .command import USER_ERRORS, report, resolve_config_args
 from .train_cli import MiniGPTCLI
 from .train_parser import TrainParser, help_topic
 

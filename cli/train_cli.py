@@ -27,7 +27,7 @@ from minigpt.training.global_batch import apply_tokens_per_step, planned_accumul
 from minigpt.training.precision import resolve_precision
 from minigpt.training.profiler import QuietProfiler
 
-from .common import USER_ERRORS
+from .command import USER_ERRORS
 from .train_defaults import CALLBACK_ORDER, Callbacks, Loggers, by_name, check_names, parser_defaults
 from .train_parser import TrainParser, data_nulls_as_dicts, help_topic, ours_first
 

@@ -13,7 +13,7 @@ from minigpt.data import BPETokenizer, DataConfig, Tokenizer, build_tokenizer
 from minigpt.data.corpus import Corpus, resolve_corpus
 from minigpt.data.split import training_text, validation_text
 
-from .common import USER_ERRORS, options_parser, parse_options, report
+from .command import USER_ERRORS, options_parser, parse_options, report
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from minigpt.checkpoints import load_model
 from minigpt.common import UsageError, WriteError, safe_write
 from minigpt.viz.attention import MAX_TOKENS, attention_figures, figure_to_png, seed_example_figure
 
-from .common import USER_ERRORS, options_parser, parse_options, report
+from .command import USER_ERRORS, options_parser, parse_options, report
 
 
 @dataclass(frozen=True)

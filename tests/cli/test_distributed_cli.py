@@ -14,7 +14,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies import FSDPStrategy
 from torch.distributed.fsdp import ShardingStrategy
 
-from minigpt.cli.common import resolve_config_args
+from minigpt.cli.command import resolve_config_args
 from minigpt.cli.train import MiniGPTCLI, train_main
 from minigpt.data import TextDataModule
 from minigpt.model.gpt import Block

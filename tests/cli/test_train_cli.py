@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from minigpt.cli.common import CONFIG_DIRS, resolve_config_args
+from minigpt.cli.command import CONFIG_DIRS, resolve_config_args
 from minigpt.cli.train import MiniGPTCLI, help_topic, train_main
 from minigpt.common import UsageError
 from minigpt.data import TextDataModule
