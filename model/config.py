@@ -104,3 +104,16 @@ class GPTConfig:
     @property
     def head_size(self) -> int:
         return self.n_embd // self.n_head
+
+
+def parameter_count(config: GPTConfig) -> int:
+    """Parameters of `GPT(config)` (tied embeddings counted once), without building it."""
+    c, bias = config.n_embd, int(config.bias)
+    layer_norm = c * (1 + (bias if config.norm == "layernorm" else 0))
+    attention = 4 * c * c + 3 * c * int(config.qkv_bias) + c * bias
+    mlp = 8 * c * c + 5 * c * bias
+    block = 2 * layer_norm + attention + mlp
+    positions = config.context_length if config.position_embedding == "learned" else 0
+    embeddings = (config.vocab_size + positions) * c
+    head = 0 if config.tie_weights else config.vocab_size * c
+    return embeddings + config.n_layer * block + layer_norm + head

@@ -1,9 +1,9 @@
 """A decoder-only GPT: token + position embeddings, pre-LayerNorm blocks, a tied LM head.
 
-Shapes and structure follow GPT-2 so its weights map onto this model parameter for parameter
-(GPT-2's fused `c_attn` splits into `W_query`, `W_key`, `W_value`). The settings the recipes
-choose between (benchmarks/RESULTS.md) are the positions (a learned table or rotary), the norm,
-the MLP's activation, QK-norm, the tied head and the projections' init.
+- GPT-2's shapes and names, so its weights map on parameter for parameter (its fused `c_attn`
+  splits into `W_query`, `W_key`, `W_value`).
+- The recipe's levers (docs/results/recipe.md): learned or rotary positions, the norm, the MLP's
+  activation, QK-norm, the tied head, zero-initialised projections.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .attention import MultiHeadAttention
-from .config import GPTConfig
+from .config import GPTConfig, parameter_count
 from .device import check_fits
 from .fast import squared_relu
 from .kv_cache import KVCache
@@ -82,28 +82,17 @@ class Block(nn.Module):
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         attended = self.attn(self.ln_1(x), kv_cache=kv_cache, same_segment=same_segment, positions=positions)
-        x = x + self.drop(attended)
-        return x + self.drop(self.mlp(self.ln_2(x)))
+        return self._after_attention(x, attended)
 
     def forward_with_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` through the explicit attention path: the output (B, T, C) and the attention
         weights (B, nh, T, T). A separate method, so the training path stays free of branches."""
         attended, weights = self.attn(self.ln_1(x), return_weights=True)
+        return self._after_attention(x, attended), weights
+
+    def _after_attention(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(attended)
-        return x + self.drop(self.mlp(self.ln_2(x))), weights
-
-
-def parameter_count(config: GPTConfig) -> int:
-    """Parameters of `GPT(config)` (tied embeddings counted once), without building it."""
-    c, bias = config.n_embd, int(config.bias)
-    layer_norm = c * (1 + (bias if config.norm == "layernorm" else 0))
-    attention = 4 * c * c + 3 * c * int(config.qkv_bias) + c * bias
-    mlp = 8 * c * c + 5 * c * bias
-    block = 2 * layer_norm + attention + mlp
-    positions = config.context_length if config.position_embedding == "learned" else 0
-    embeddings = (config.vocab_size + positions) * c
-    head = 0 if config.tie_weights else config.vocab_size * c
-    return embeddings + config.n_layer * block + layer_norm + head
+        return x + self.drop(self.mlp(self.ln_2(x)))
 
 
 class GPT(nn.Module):

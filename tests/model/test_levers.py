@@ -9,8 +9,8 @@ from torch import nn
 from torch.testing import assert_close
 
 from minigpt.model import GPT, ConfigError, GPTConfig
+from minigpt.model.config import parameter_count
 from minigpt.model.generation import generate
-from minigpt.model.gpt import parameter_count
 from minigpt.model.rotary import RotaryEmbedding
 
 BASE = dict(vocab_size=50, context_length=16, n_layer=2, n_head=2, n_embd=16)

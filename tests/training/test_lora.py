@@ -21,7 +21,7 @@ from minigpt.checkpoints.load import save_safetensors
 from minigpt.cli.export import export_main
 from minigpt.cli.train import train_main
 from minigpt.model import GPT, GPTConfig, MultiHeadAttention
-from minigpt.model.gpt import parameter_count
+from minigpt.model.config import parameter_count
 from minigpt.model.vocab import add_token_rows
 from minigpt.training.config import LoRAConfig, OptimConfig
 from minigpt.training.lora import (

@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from minigpt.common import duration
 from minigpt.model import GPTConfig, MultiHeadAttention
-from minigpt.model.gpt import parameter_count
+from minigpt.model.config import parameter_count
 
 from ..flops import training_flops_per_token
 from ..loggers import WandbLogger, step_logs_written
