@@ -1,7 +1,6 @@
 """A decoder-only GPT: token + position embeddings, pre-LayerNorm blocks, a tied LM head.
 
-- GPT-2's shapes and names, so its weights map on parameter for parameter (its fused `c_attn`
-  splits into `W_query`, `W_key`, `W_value`).
+- GPT-2's shapes and names: its weights map on one for one (`c_attn` split into W_query, ...).
 - The recipe's levers (docs/results/recipe.md): learned or rotary positions, the norm, the MLP's
   activation, QK-norm, the tied head, zero-initialised projections.
 """
