@@ -22,26 +22,18 @@ from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig
 from minigpt.model.generation import generate
 
+from .helpers import HF_CHARS, hf_greedy, randomize
+
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-CHARS = "\n !',.:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 # (vocab, positions, layers, heads, width, activation, tied head, LayerNorm epsilon)
 HF_SHAPES = [
-    (len(CHARS), 24, 2, 4, 32, "gelu_new", True, 1e-5),
-    (len(CHARS), 16, 3, 2, 16, "gelu", False, 1e-6),
+    (len(HF_CHARS), 24, 2, 4, 32, "gelu_new", True, 1e-5),
+    (len(HF_CHARS), 16, 3, 2, 16, "gelu", False, 1e-6),
     (101, 40, 1, 1, 8, "gelu_pytorch_tanh", True, 1e-3),
 ]
-
-
-def randomize(model: torch.nn.Module) -> None:
-    """Every parameter drawn at a scale where a mix-up shows: LayerNorms and biases not at their
-    initial 1 and 0, and MLP inputs large enough that the two GELUs differ by far more than the
-    tolerance."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.normal_(0.0, 0.5 if ".ln_" in name or name.endswith("bias") or "c_fc" in name else 0.1)
 
 
 def hf_gpt2(vocab, positions, layers, heads, width, activation, tied, eps):
@@ -82,10 +74,6 @@ def load_gpt(path: Path) -> GPT:
     return model.eval()
 
 
-def hf_greedy(model, ids: torch.Tensor, n: int, **options) -> torch.Tensor:
-    return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, **options)
-
-
 def assert_same_function(ours: GPT, theirs, vocab: int, length: int) -> None:
     torch.manual_seed(1)
     ids = torch.randint(0, vocab, (2, length))
@@ -124,9 +112,9 @@ def test_weights_saved_as_a_pickle_or_without_the_head_prefix_load_too(tmp_path:
 @pytest.mark.parametrize(
     "config",
     [
-        GPTConfig(vocab_size=len(CHARS), context_length=20, n_layer=2, n_head=2, n_embd=16),
+        GPTConfig(vocab_size=len(HF_CHARS), context_length=20, n_layer=2, n_head=2, n_embd=16),
         GPTConfig(
-            vocab_size=len(CHARS) + 3,  # padded past the tokenizer
+            vocab_size=len(HF_CHARS) + 3,  # padded past the tokenizer
             context_length=12,
             n_layer=1,
             n_head=4,
@@ -144,25 +132,25 @@ def test_our_export_loads_in_transformers_with_no_custom_code(config: GPTConfig,
     torch.manual_seed(0)
     ours = GPT(config).eval()
     randomize(ours)
-    note = save_huggingface(ours, CharTokenizer(CHARS), tmp_path / "hf")
+    note = save_huggingface(ours, CharTokenizer(HF_CHARS), tmp_path / "hf")
     assert "GPT-2's layout, no custom code" in note and not list((tmp_path / "hf").glob("*.py"))
     theirs = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
-    assert_same_function(ours, theirs, len(CHARS), config.context_length)
+    assert_same_function(ours, theirs, len(HF_CHARS), config.context_length)
     # And back: minigpt reads the folder, tokenizer included.
     again, tokenizer = load_model(tmp_path / "hf")
-    assert tokenizer.spec() == CharTokenizer(CHARS).spec()
-    assert_same_function(again, theirs, len(CHARS), config.context_length)
+    assert tokenizer.spec() == CharTokenizer(HF_CHARS).spec()
+    assert_same_function(again, theirs, len(HF_CHARS), config.context_length)
 
 
 def test_export_replaces_a_folder_only_when_asked(tmp_path: Path) -> None:
-    model = GPT(GPTConfig(vocab_size=len(CHARS), context_length=8, n_layer=1, n_head=1, n_embd=8))
+    model = GPT(GPTConfig(vocab_size=len(HF_CHARS), context_length=8, n_layer=1, n_head=1, n_embd=8))
     out = tmp_path / "hf"
-    save_huggingface(model, CharTokenizer(CHARS), out)
+    save_huggingface(model, CharTokenizer(HF_CHARS), out)
     (out / "notes.txt").write_text("mine")
     with pytest.raises(CheckpointError, match="already exists"):
-        save_huggingface(model, CharTokenizer(CHARS), out)
+        save_huggingface(model, CharTokenizer(HF_CHARS), out)
     assert (out / "notes.txt").read_text() == "mine"
-    save_huggingface(model, CharTokenizer(CHARS), out, replace=True)
+    save_huggingface(model, CharTokenizer(HF_CHARS), out, replace=True)
     assert not (out / "notes.txt").exists() and (out / "config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no staging folder left behind
 

@@ -26,12 +26,12 @@ from minigpt.model import GPT, GPTConfig
 from minigpt.model.generation import generate
 
 from ..training.conftest import REPO
-from .test_hf import CHARS, hf_greedy, randomize
+from .helpers import HF_CHARS, hf_greedy, randomize
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-SHAPE = GPTConfig(vocab_size=len(CHARS), context_length=12, n_layer=2, n_head=2, n_embd=16)
+SHAPE = GPTConfig(vocab_size=len(HF_CHARS), context_length=12, n_layer=2, n_head=2, n_embd=16)
 """Small enough to load in a blink, two layers so a mix-up between them shows."""
 
 LEVERS = {
@@ -77,7 +77,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[GPT, P
         model = GPT(replace(SHAPE, **changes)).eval()
         randomize(model)
         folder = tmp_path_factory.mktemp("hf") / f"case{i}"
-        save_huggingface(model, CharTokenizer(CHARS), folder)
+        save_huggingface(model, CharTokenizer(HF_CHARS), folder)
         out[name] = model, folder
     return out
 
@@ -89,7 +89,7 @@ def test_transformers_computes_our_logits_and_greedy_tokens_with_and_without_its
     ours, folder = exported[case]
     theirs = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
     torch.manual_seed(1)
-    ids = torch.randint(0, len(CHARS), (2, SHAPE.context_length))
+    ids = torch.randint(0, len(HF_CHARS), (2, SHAPE.context_length))
     prompt, n = ids[:, :3], SHAPE.context_length - 3
     with torch.no_grad():
         expected_logits = ours(ids)
@@ -106,7 +106,7 @@ def test_transformers_computes_our_logits_and_greedy_tokens_with_and_without_its
         # And back in minigpt: the same function (GPT-2's layout adds zero biases), the same tokenizer.
         again, tokenizer = load_model(folder)
         assert_close(again(ids), ours(ids), rtol=0, atol=0)
-    assert tokenizer.spec() == CharTokenizer(CHARS).spec()
+    assert tokenizer.spec() == CharTokenizer(HF_CHARS).spec()
     if "auto_map" in json.loads((folder / "config.json").read_text()):  # our code: the same model
         assert again.config == ours.config
 
@@ -195,10 +195,10 @@ def test_the_model_in_transformers_computes_the_loss_and_refuses_padding_and_unk
     ids = torch.tensor([[1, 2, 3]])
     with pytest.raises(ValueError, match="pass sequences of one length without padding"):
         theirs(ids, attention_mask=torch.tensor([[0, 1, 1]]))
-    with pytest.raises(ValueError, match=f"token id {len(CHARS)} is outside this model's vocabulary"):
-        theirs(torch.tensor([[1, len(CHARS)]]))
+    with pytest.raises(ValueError, match=f"token id {len(HF_CHARS)} is outside this model's vocabulary"):
+        theirs(torch.tensor([[1, len(HF_CHARS)]]))
     out = theirs(ids, attention_mask=torch.ones_like(ids), labels=ids)
-    assert out.logits.shape == (1, 3, len(CHARS))
+    assert out.logits.shape == (1, 3, len(HF_CHARS))
     # The loss is the next-token cross-entropy, as transformers' causal LMs compute it.
     assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:]))
 
@@ -215,7 +215,7 @@ def test_a_folder_transformers_saved_again_reads_back_from_its_tokenizer_json(
     )
     assert not (tmp_path / "again" / "minigpt_tokenizer.json").exists()
     again, tokenizer = load_model(tmp_path / "again")
-    assert again.config == ours.config and tokenizer.spec() == CharTokenizer(CHARS).spec()
+    assert again.config == ours.config and tokenizer.spec() == CharTokenizer(HF_CHARS).spec()
     for key, value in ours.state_dict().items():
         assert torch.equal(again.state_dict()[key], value), key
     # A tokenizer.json minigpt did not write is refused in one line.

@@ -13,22 +13,8 @@ from minigpt.checkpoints import CheckpointError, load_model, save_safetensors
 from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig
 
-CHARS = " abcdefghijklmnopqrstuvwxyz"
-CONFIG = GPTConfig(vocab_size=len(CHARS), context_length=16, n_layer=1, n_head=2, n_embd=16)
-
-
-def write_checkpoint(path: Path, model: GPT, **meta_overrides) -> Path:
-    """A checkpoint laid out as training writes it."""
-    meta = {"gpt": asdict(model.config), "tokenizer": CharTokenizer(CHARS).spec(), **meta_overrides}
-    state = {f"model.{k}": v for k, v in model.state_dict().items()}
-    torch.save({"state_dict": state, "minigpt": meta, "global_step": 3}, path)
-    return path
-
-
-@pytest.fixture
-def model() -> GPT:
-    torch.manual_seed(0)
-    return GPT(CONFIG).eval()
+from .helpers import CHARS, CONFIG, write_checkpoint
+from .helpers import model as model  # noqa: F401  (the fixture)
 
 
 def test_round_trip_gives_the_same_model_and_tokenizer(model: GPT, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from torch.testing import assert_close
 from minigpt.checkpoints import load_model
 from minigpt.model import GPT
 
-from .test_load import CONFIG, write_checkpoint
+from .helpers import CONFIG, write_checkpoint
 
 
 def test_a_run_folder_prefers_best_over_last(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from minigpt.data.corpus import resolve_corpus
 from minigpt.data.split import training_text
 from minigpt.model import GPT, GPTConfig
 
-from ..data.test_bpe import CORPUS, TRICKY
+from ..data.helpers import CORPUS, TRICKY
 
 
 @pytest.fixture(scope="module")

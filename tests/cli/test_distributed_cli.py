@@ -20,7 +20,7 @@ from minigpt.data import TextDataModule
 from minigpt.model.gpt import Block
 from minigpt.training.lit import LitGPT
 
-from .test_train_cli import parse
+from .helpers import parse
 
 CPU = ("--config", "tiny.yaml", "--trainer.accelerator", "cpu")
 """tiny.yaml reads 16 sequences of 64 tokens per process and pass: 1,024 tokens."""

@@ -15,8 +15,8 @@ from minigpt.cli.export import export_main
 from minigpt.cli.generate import generate_main
 from minigpt.model import GPT
 
-from ..checkpoints.test_load import CONFIG, write_checkpoint
-from ..checkpoints.test_load import model as model  # noqa: F401  (the fixture)
+from ..checkpoints.helpers import CONFIG, write_checkpoint
+from ..checkpoints.helpers import model as model  # noqa: F401  (the fixture)
 
 
 def test_generate_reports_bad_checkpoints_in_one_line(

@@ -46,7 +46,7 @@ from minigpt.data import CharTokenizer
 from minigpt.model import GPTConfig
 
 from ..training.conftest import REPO, make_play, tiny_args
-from ..training.test_train_generate import read_metrics
+from ..training.helpers import read_metrics
 
 GUIDES = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 """README and the guides; the results pages under docs/results/ hold benchmark commands, not these."""

@@ -8,30 +8,13 @@ import pytest
 import yaml
 
 from minigpt.cli.command import CONFIG_DIRS, resolve_config_args
-from minigpt.cli.train import MiniGPTCLI, help_topic, train_main
+from minigpt.cli.train import help_topic, train_main
 from minigpt.common import UsageError
-from minigpt.data import TextDataModule
-from minigpt.training.lit import LitGPT
+
+from .helpers import parse
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
-
-
-def parse(*args: str) -> MiniGPTCLI:
-    """Parse (and instantiate) a command line without training."""
-    from lightning.pytorch.cli import LightningCLI
-
-    class ParseOnly(MiniGPTCLI):
-        def instantiate_trainer(self, **kwargs):  # no loggers, no output folder
-            return LightningCLI.instantiate_trainer(self, logger=False, **kwargs)
-
-    return ParseOnly(
-        LitGPT,
-        TextDataModule,
-        run=False,
-        args=resolve_config_args(list(args)),
-        parser_kwargs={"exit_on_error": False},
-    )
 
 
 def test_there_are_configs() -> None:

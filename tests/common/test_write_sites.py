@@ -22,9 +22,9 @@ from minigpt.common import WriteError, reporting_write_failures, safe_write, sha
 from minigpt.data import shakespeare
 from minigpt.model import GPT
 
-from ..checkpoints.test_load import CONFIG, write_checkpoint
-from ..data.test_bpe import CORPUS
-from ..viz.test_curves import make_run
+from ..checkpoints.helpers import CONFIG, write_checkpoint
+from ..data.helpers import CORPUS
+from ..viz.helpers import make_run
 from .faults import FAULTS, DiskFault, assert_says, hashes, run_under
 
 TEXT = "to be or not to be that is the question whether tis nobler in the mind to suffer " * 40

@@ -16,11 +16,7 @@ from minigpt.data.corpus import resolve_corpus
 from minigpt.data.prepare import _cache_key
 from minigpt.data.split import training_text
 
-TRICKY = "Hello, wörld! 你好 🙂🎉\n\n\tTabs  and   spaces   \r\nend's we'll 1234567 <|endoftext|> x  \n"
-CORPUS = "".join(
-    f"{name}:\nNow is the winter of our discontent, made glorious summer by this sun of York {i}.\n\n"
-    for i, name in enumerate(["GLOUCESTER", "CLARENCE", "BRAKENBURY", "HASTINGS"] * 40)
-)
+from .helpers import CORPUS, TRICKY
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from minigpt.training.lit import LitGPT  # noqa: E402
 from minigpt.viz.report import write_run_report  # noqa: E402
 
 from .conftest import CHOICES, TEXTS  # noqa: E402
-from .test_evaluate_cli import TEXT  # noqa: E402
+from .helpers import TEXT  # noqa: E402
 
 
 def test_tasks_are_scored_every_second_validation_and_logged_beside_val_loss(

@@ -16,8 +16,7 @@ from minigpt.cli.evaluate import evaluate_main
 from minigpt.data import CharTokenizer
 
 from .conftest import CHOICES, PROMPTS, TEXTS, bigram_model
-
-TEXT = "ROMEO:\nBut soft, what light through yonder window breaks?\n" * 3
+from .helpers import TEXT
 
 
 @pytest.fixture(scope="module")

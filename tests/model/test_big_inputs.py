@@ -10,7 +10,7 @@ import torch
 from minigpt.cli.generate import generate_main
 from minigpt.model import GPT, ConfigError, GPTConfig, MultiHeadAttention, device
 
-from ..checkpoints.test_load import write_checkpoint
+from ..checkpoints.helpers import write_checkpoint
 
 CONFIG = GPTConfig(vocab_size=27, context_length=64, n_layer=6, n_head=2, n_embd=16)
 

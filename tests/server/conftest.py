@@ -68,7 +68,7 @@ def chat_model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     marker, if not always with the right word."""
     from minigpt.cli.train import train_main  # Lightning: imported by the tests that train only
 
-    from ..training.test_sft import sft_args
+    from ..training.helpers import sft_args
 
     folder = tmp_path_factory.mktemp("sft")
     base = CharTokenizer.from_texts([string.printable])

@@ -13,7 +13,7 @@ import openai
 import pytest
 import torch
 
-from ..training.test_train_generate import CHROMIUM
+from ..training.helpers import CHROMIUM
 from .conftest import CHAT_NAME, NAME, Served
 
 playwright = pytest.importorskip(

@@ -20,7 +20,7 @@ from minigpt.training.muon import Muon, orthogonalise
 from minigpt.training.optim import MuonWithAdamW, build_optimizer
 
 from .conftest import run_script, tiny_args
-from .test_muon import RecordMatmulDtypes, step_both, with_singular_values
+from .helpers import RecordMatmulDtypes, step_both, with_singular_values
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

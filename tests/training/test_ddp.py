@@ -29,7 +29,7 @@ from minigpt.data import DataConfig, prepare
 from minigpt.data.windows import train_offsets
 
 from .conftest import WANDB_SECRET, Launch
-from .test_train_generate import read_metrics
+from .helpers import read_metrics
 
 pytestmark = pytest.mark.slow
 

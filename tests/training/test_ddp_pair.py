@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import REPO, finish, start_script
-from .test_train_generate import read_metrics
+from .helpers import read_metrics
 
 pytestmark = pytest.mark.slow
 

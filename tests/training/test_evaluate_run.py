@@ -10,7 +10,7 @@ import pytest
 from minigpt.cli.evaluate import evaluate_main
 
 from .conftest import run_script, tiny_args
-from .test_train_generate import read_metrics
+from .helpers import read_metrics
 
 pytestmark = pytest.mark.slow
 

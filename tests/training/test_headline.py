@@ -23,10 +23,9 @@ from minigpt.model import generate_tokens, optimize_for_decoding
 from minigpt.training import precision
 from minigpt.training.config import SampleConfig
 
-from ..cli.test_train_cli import parse
+from ..cli.helpers import parse
 from .conftest import run_script
-from .test_muon import RecordMatmulDtypes
-from .test_train_generate import read_metrics
+from .helpers import RecordMatmulDtypes, read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -37,8 +37,7 @@ from minigpt.training.loss import next_token_loss
 from minigpt.training.optim import build_optimizer
 
 from . import test_sft
-from .test_resume import assert_identical, last_checkpoint, step_losses
-from .test_sft import BASE, sft_args
+from .helpers import BASE, assert_identical, last_checkpoint, sft_args, step_losses
 
 files = test_sft.files
 """test_sft.py's fixture: its tiny GPT of ours and its conversations."""

@@ -19,7 +19,7 @@ from torch import nn
 
 from minigpt.data import DataConfig, TextDataModule
 from minigpt.model import GPT, GPTConfig
-from minigpt.training import throughput
+from minigpt.training.callbacks import throughput
 from minigpt.training.callbacks.console import RunSummary, StepProgressBar, compile_tip
 from minigpt.training.callbacks.dashboard import SampleText
 from minigpt.training.callbacks.throughput import TokensPerSecond

@@ -14,6 +14,8 @@ from minigpt.training.config import OptimConfig
 from minigpt.training.muon import NS_COEFFICIENTS, Muon, newton_schulz, ns_schedule, orthogonalise
 from minigpt.training.optim import MuonWithAdamW, build_optimizer, build_scheduler, lr_at
 
+from .helpers import RecordMatmulDtypes, step_both, with_singular_values
+
 CONFIG = GPTConfig(vocab_size=40, context_length=8, n_layer=2, n_head=2, n_embd=16)
 
 
@@ -154,14 +156,6 @@ def muon_pair(
     return theirs, ours, torch.optim.Muon(theirs, **options), Muon(ours, ns_dtype=ns_dtype, **options)
 
 
-def step_both(theirs: list, ours: list, torch_muon: torch.optim.Optimizer, our_muon: Muon) -> None:
-    grads = [torch.randn_like(p) for p in theirs]
-    for p, q, g in zip(theirs, ours, grads, strict=True):
-        p.grad, q.grad = g.clone(), g.clone()
-    torch_muon.step()
-    our_muon.step()
-
-
 @pytest.mark.parametrize("ns_dtype", [torch.bfloat16, torch.float32])
 def test_our_muon_makes_torchs_update_in_either_precision(ns_dtype: torch.dtype) -> None:
     theirs, ours, torch_muon, our_muon = muon_pair(ns_dtype)
@@ -199,12 +193,6 @@ def test_a_torch_muon_checkpoint_resumes_in_ours_and_ours_in_torchs() -> None:
     torch.optim.Muon(ours, lr=0.02).load_state_dict(copy.deepcopy(our_muon.state_dict()))
 
 
-def with_singular_values(rows: int, cols: int, values: torch.Tensor) -> torch.Tensor:
-    u, _ = torch.linalg.qr(torch.randn(rows, len(values)))
-    v, _ = torch.linalg.qr(torch.randn(cols, len(values)))
-    return u @ torch.diag(values) @ v.T
-
-
 def test_stacked_orthogonalisation_equals_one_matrix_at_a_time_and_is_nearly_orthogonal() -> None:
     torch.manual_seed(0)
     spread = torch.logspace(-1, 1, 32)  # singular values from 0.1 to 10: a gradient's spread
@@ -223,22 +211,6 @@ def test_stacked_orthogonalisation_equals_one_matrix_at_a_time_and_is_nearly_ort
         # ...and keeps the singular vectors: U V^T of the matrix's SVD, up to that band.
         u, _, vh = torch.linalg.svd(matrix, full_matrices=False)
         assert torch.nn.functional.cosine_similarity((u @ vh).flatten(), result.flatten(), dim=0) > 0.95
-
-
-PRODUCTS = (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm)
-
-
-class RecordMatmulDtypes(torch.utils._python_dispatch.TorchDispatchMode):
-    """The dtypes of the matrix products run while it is active."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.dtypes: set[torch.dtype] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        if func.overloadpacket in PRODUCTS:
-            self.dtypes.add(args[0].dtype)
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("native_bf16", [True, False])

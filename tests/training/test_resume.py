@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -33,6 +32,7 @@ from minigpt.cli.train import train_main
 from minigpt.training.precision import has_native_bf16
 
 from .conftest import REPO, run_script
+from .helpers import assert_identical, last_checkpoint, step_losses
 
 pytestmark = pytest.mark.slow
 
@@ -92,35 +92,6 @@ def small_args(corpus: Path, run: Path, *extra: str) -> list[str]:
         str(run),
         *extra,
     ]
-
-
-def step_losses(run: Path) -> dict[int, str]:
-    """The training loss logged at each step, as written; a resumed run's rows replace earlier ones."""
-    losses: dict[int, str] = {}
-    for path in sorted(run.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:])):
-        with open(path, newline="") as f:
-            losses |= {int(row["step"]): row["train_loss"] for row in csv.DictReader(f) if row["train_loss"]}
-    return losses
-
-
-def last_checkpoint(run: Path) -> dict[str, Any]:
-    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
-
-
-def assert_identical(resumed: Any, straight: Any, where: str) -> None:
-    """Equal tensors bit for bit, and equal everything else, through nested dicts and lists."""
-    if isinstance(straight, torch.Tensor):
-        assert torch.equal(resumed, straight), where
-    elif isinstance(straight, dict):
-        assert resumed.keys() == straight.keys(), where
-        for key in straight:
-            assert_identical(resumed[key], straight[key], f"{where}/{key}")
-    elif isinstance(straight, list | tuple):
-        assert len(resumed) == len(straight), where
-        for i, (a, b) in enumerate(zip(resumed, straight, strict=True)):
-            assert_identical(a, b, f"{where}/{i}")
-    else:
-        assert resumed == straight, where
 
 
 def assert_same_run(resumed: Path, straight: Path) -> None:

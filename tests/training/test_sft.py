@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import random
-import string
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,11 @@ from minigpt.checkpoints.load import save_safetensors
 from minigpt.cli.train import train_main
 from minigpt.data import ChatDataModule
 from minigpt.data.chat_data import IGNORE_INDEX, ChatDataConfig
-from minigpt.data.tokenizer import CharTokenizer
 from minigpt.model import GPT, GPTConfig
 
-from .test_resume import assert_identical, last_checkpoint, step_losses
+from .helpers import BASE, assert_identical, last_checkpoint, sft_args, step_losses
 
 pytestmark = pytest.mark.slow  # each test trains through train.py, seconds each
-
-BASE = CharTokenizer.from_texts([string.printable])
 
 
 @pytest.fixture(scope="module")
@@ -50,45 +46,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         rows.append({"messages": [*messages, {"role": "assistant", "content": word.upper()}]})
     (folder / "chats.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     return folder / "base.safetensors", folder / "chats.jsonl"
-
-
-def sft_args(files: tuple[Path, Path], run: Path, *extra: str) -> list[str]:
-    weights, chats = files
-    return [
-        "--config",
-        "sft.yaml",
-        "--model.init_from",
-        str(weights),
-        "--data.conversations.source",
-        str(chats),
-        "--data.conversations.split",
-        "train",
-        "--data.conversations.val_fraction",
-        "0.1",
-        "--data.conversations.batch_size",
-        "3",
-        "--data.conversations.pack",
-        "true",  # 36 conversations in 11 windows: 3 steps an epoch, so step 4 is in mid-epoch
-        "--model.optim.lr",
-        "3e-3",
-        "--model.optim.warmup_steps",
-        "10",  # every step warms up: a run that ends at step 4 steps as the longer one did
-        "--trainer.max_steps",
-        "6",
-        "--trainer.val_check_interval",
-        "3",
-        "--trainer.log_every_n_steps",
-        "1",
-        "--trainer.precision",
-        "32-true",
-        "--trainer.accelerator",
-        "cpu",
-        "--trainer.enable_progress_bar",
-        "false",
-        "--trainer.default_root_dir",
-        str(run),
-        *extra,
-    ]
 
 
 @pytest.fixture

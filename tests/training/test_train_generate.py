@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -21,8 +20,9 @@ from minigpt.checkpoints import load_model
 from minigpt.cli.generate import generate_main
 from minigpt.cli.train import train_main
 
-from ..viz.test_curves import png_size
+from ..viz.helpers import png_size
 from .conftest import run_script, tiny_args
+from .helpers import CHROMIUM, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -33,13 +33,6 @@ def trained(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = run_script("train.py", *tiny_args(corpus, work / "run"), cwd=work)
     assert result.returncode == 0, result.stderr[-3000:]
     return work / "run"
-
-
-def read_metrics(run: Path) -> list[dict[str, str]]:
-    files = sorted(run.glob("csv/version_*/metrics.csv"))
-    assert files, f"no metrics.csv under {run}"
-    with open(files[-1]) as f:
-        return list(csv.DictReader(f))
 
 
 def test_training_learns_and_writes_checkpoints(trained: Path) -> None:
@@ -139,9 +132,6 @@ def test_resume_continues_from_the_saved_step(
     assert min(int(r["step"]) for r in rows) > saved["global_step"]
     assert len(list(run.glob("csv/version_*"))) == 2
 
-
-CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
-"""A headless browser to render the report in (Debian: `apt-get install chromium`)."""
 
 PROBE = """<script>
 window.addEventListener("load", () => {

@@ -62,11 +62,11 @@ def test_a_checkpoint_larger_than_the_free_space_is_refused_before_a_byte_is_wri
     checkpoint = {"state_dict": {"wte": tied, "lm_head": tied}, "optimizer_states": [{"m": torch.ones(500)}]}
     writes: list[object] = []
     monkeypatch.setattr(torch, "save", lambda *args, **kwargs: writes.append(args))
-    monkeypatch.setattr("minigpt.training.callbacks.free_space", lambda path: 5_999)
+    monkeypatch.setattr("minigpt.training.callbacks.checkpoints.free_space", lambda path: 5_999)
     with pytest.raises(CheckpointWriteError, match=r"last.ckpt: no space left on device \(0.0 MB free there"):
         AtomicCheckpointIO().save_checkpoint(checkpoint, tmp_path / "last.ckpt")
     assert writes == [] and list(tmp_path.iterdir()) == []
-    monkeypatch.setattr("minigpt.training.callbacks.free_space", lambda path: 6_000)  # 4,000 + 2,000 bytes
+    monkeypatch.setattr("minigpt.training.callbacks.checkpoints.free_space", lambda path: 6_000)  # 4,000 + 2,000 bytes
     AtomicCheckpointIO().save_checkpoint(checkpoint, tmp_path / "last.ckpt")
     assert len(writes) == 1
 

@@ -36,9 +36,9 @@ from minigpt.viz.attention import (
     visible_token,
 )
 
-from ..checkpoints.test_load import model as model  # noqa: F401  (the fixture)
-from ..checkpoints.test_load import write_checkpoint
-from ..model.test_attention import EXPECTED, INPUTS
+from ..checkpoints.helpers import model as model  # noqa: F401  (the fixture)
+from ..checkpoints.helpers import write_checkpoint
+from ..model.helpers import EXPECTED, INPUTS
 
 CHARS = "".join(sorted(set("\n !,.:;?abcdefghijklmnopqrstuvwxyz")))
 TOKENIZER = CharTokenizer(CHARS)

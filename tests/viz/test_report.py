@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from minigpt.common import UsageError
 from minigpt.viz.report import write_run_report
 
-from .test_curves import make_run, png_size
+from .helpers import make_run, png_size
 
 VOID = {"meta", "img", "br", "hr", "link", "input", "source"}
 SAMPLE = 'First <script>alert("x")</script> & more'
