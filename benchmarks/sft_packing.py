@@ -35,15 +35,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from minigpt.checkpoints.pretrained import open_pretrained
-from minigpt.data.chat import ChatEncoder
-from minigpt.data.chat_data import (
+from minigpt.data.chat.conversations import (
     ChatDataConfig,
     ChatExamples,
     ConversationWindows,
     PackedConversationWindows,
     load_chat_examples,
 )
-from minigpt.data.chat_datamodule import ConversationSampler
+from minigpt.data.chat.datamodule import ConversationSampler
+from minigpt.data.chat.template import ChatEncoder
 from minigpt.data.tokenizer import tokenizer_from_spec, with_chat_tokens
 from minigpt.model import GPT
 from minigpt.training.config import OptimConfig

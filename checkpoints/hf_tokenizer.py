@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from minigpt.data.chat import CHAT_TEMPLATE
+from minigpt.data.chat.template import CHAT_TEMPLATE
 from minigpt.data.gpt2_encoding import ENDOFTEXT, ENDOFTEXT_ID, N_VOCAB, R50K_SHA256
 from minigpt.data.tokenizer import ChatTokenizer
 from minigpt.data.tokenizer.hf_json import as_text, bpe_merges, byte_to_char

@@ -1,6 +1,6 @@
 """`chat.py`: talk with a trained model in the terminal; each answer streams as it is decoded.
 
-Every turn renders the whole conversation with the chat template (`minigpt.data.chat`), the form
+Every turn renders the whole conversation with the chat template (`minigpt.data.chat.template`), the form
 fine-tuning trained on: a model fine-tuned with `sft.yaml` reads the role markers as their ids and
 ends its answer with the end marker; a base model gets the template's plain speaker turns and its
 answer ends at a blank line. The prompt is computed again each turn rather than continuing a KV
@@ -24,7 +24,7 @@ from minigpt.checkpoints import load_model
 from minigpt.common import UsageError, one_line
 from minigpt.common.text import TextStream
 from minigpt.data import DataError, Tokenizer
-from minigpt.data.chat import ChatPrompt, ChatTemplateText, chat_prompt
+from minigpt.data.chat.template import ChatPrompt, ChatTemplateText, chat_prompt
 from minigpt.data.tokenizer import ChatTokenizer
 from minigpt.model import GPT, generate_tokens, optimize_for_decoding
 from minigpt.training.config import SampleConfig

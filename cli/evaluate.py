@@ -60,7 +60,7 @@ class EvaluateOptions:
     num_fewshot: int | None = None
     """Examples in each prompt (default: each task's own)."""
     apply_chat_template: bool | None = None
-    """Prompt the tasks through the chat template (server/chat_template.jinja): each question a
+    """Prompt the tasks through the chat template (data/chat/chat_template.jinja): each question a
     user's message, each answer the assistant's reply, with the role markers of a model fine-tuned
     on conversations, in the template's plain USER:/ASSISTANT: form for a base model. Default: on
     for a model fine-tuned on conversations, off for a base model, so each reads prompts as it was

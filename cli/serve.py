@@ -47,7 +47,7 @@ class ServeOptions:
     """Requests waiting for a turn; when all these places are taken, more are answered 503."""
     chat_template: str | None = None
     """A Jinja chat template file that turns messages into the prompt (default: the one in
-    server/chat_template.jinja, which writes each message as "ROLE:" and its text for a base model,
+    data/chat/chat_template.jinja, which writes each message as "ROLE:" and its text for a base model,
     and between the role's markers for a model fine-tuned on conversations)."""
     chat_stop: list[str] = field(default_factory=lambda: ["\n\n"])
     """Strings that end a base model's turn in chat answers, besides the request's own stop (a model

@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from minigpt.checkpoints.pretrained import open_pretrained, pretrained_config
 from minigpt.common import UsageError
-from minigpt.data.chat_datamodule import ChatDataModule
+from minigpt.data.chat.datamodule import ChatDataModule
 from minigpt.model import GPTConfig
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.global_batch import apply_tokens_per_step, planned_accumulation

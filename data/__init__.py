@@ -59,7 +59,7 @@ def __getattr__(name: str) -> Any:
 
         return TextDataModule
     if name == "ChatDataModule":
-        from .chat_datamodule import ChatDataModule
+        from .chat.datamodule import ChatDataModule
 
         return ChatDataModule
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

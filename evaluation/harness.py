@@ -13,7 +13,7 @@ decoder-only model, so a GPT-2 exported to the Hugging Face layout scores the sa
   tokenizers without one, `char`, on a line break, the document boundary of their training text);
 - generation uses our KV cache, batching prompts of equal length (our model takes no padding mask);
 - with lm-eval's chat template on, a prompt is rendered through our one chat template
-  (`server/chat_template.jinja`) as fine-tuning renders it: with the role markers, each one id,
+  (`data/chat/chat_template.jinja`) as fine-tuning renders it: with the role markers, each one id,
   for a model fine-tuned on conversations (its tokenizer has them), in the template's plain
   `USER:`/`ASSISTANT:` form for a base model. lm-eval hands the rendered prompt back as a string,
   so the ids of each marked-up prompt are kept and used for it: a message's text is never read as
@@ -35,7 +35,7 @@ from lm_eval.models.utils import Collator, handle_stop_sequences, normalize_gen_
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from minigpt.data import DataError, Tokenizer
-from minigpt.data.chat import ChatEncoder, ChatTemplateText
+from minigpt.data.chat.template import ChatEncoder, ChatTemplateText
 from minigpt.data.tokenizer import ChatTokenizer
 from minigpt.model import GPT, generate_tokens
 

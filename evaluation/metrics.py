@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torchmetrics import Metric
 
-from minigpt.data.chat_data import IGNORE_INDEX
+from minigpt.data.chat.conversations import IGNORE_INDEX
 
 
 class BitsPerByte(Metric):

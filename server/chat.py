@@ -1,8 +1,8 @@
 """The chat template: how a conversation becomes the prompt the model continues.
 
 A Jinja template, as Hugging Face's tokenizers hold theirs, rendered in Jinja's sandbox by
-`minigpt.data.chat`, the code fine-tuning reads conversations with. The default,
-`chat_template.jinja` beside this file, has two forms, and the model's tokenizer picks one:
+`minigpt.data.chat.template`, the code fine-tuning reads conversations with. The default,
+`data/chat/chat_template.jinja` beside that code, has two forms, and the model's tokenizer picks one:
 
 - A base model: each message as a speaker's turn in plain text. The stop strings end the
   assistant's turn, since a base model has no end-of-turn token of its own.
@@ -22,12 +22,18 @@ from typing import TypeGuard
 
 from minigpt.common import UsageError
 from minigpt.data import DataError, Tokenizer
-from minigpt.data.chat import BASE_MODEL_STOP, ChatPrompt, ChatTemplateText, chat_prompt
+from minigpt.data.chat.template import (
+    BASE_MODEL_STOP,
+    CHAT_TEMPLATE,
+    ChatPrompt,
+    ChatTemplateText,
+    chat_prompt,
+)
 from minigpt.data.tokenizer import ChatTokenizer
 
 from .errors import RequestError
 
-DEFAULT_TEMPLATE = Path(__file__).with_name("chat_template.jinja")
+DEFAULT_TEMPLATE = CHAT_TEMPLATE
 """The template for base and chat-tuned models alike."""
 DEFAULT_STOP = BASE_MODEL_STOP
 """Where the default template's assistant turn ends for a base model: the blank line after a speech."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minigpt.data.chat_data import IGNORE_INDEX
+from minigpt.data.chat.conversations import IGNORE_INDEX
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Any tokenizer with the chat template's role markers as special tokens.
 
 A conversation is written with one marker per role before each message and an end-of-turn marker
-after it (``server/chat_template.jinja``). Each marker is a single id that no text can produce:
+after it (``data/chat/chat_template.jinja``). Each marker is a single id that no text can produce:
 :meth:`ChatTokenizer.encode` reads its spelling in text as plain text, as the base tokenizers read
 ``<|endoftext|>``, so a user's message can never forge a turn. Only the template's own text, read
 with :meth:`ChatTokenizer.encode_markup`, turns a marker's spelling into its id.

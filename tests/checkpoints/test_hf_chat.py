@@ -23,7 +23,7 @@ from minigpt.checkpoints.hf_tokenizer import chat_template_with_markers, write_g
 from minigpt.cli.export import export_main
 from minigpt.cli.train import train_main
 from minigpt.data import BPETokenizer, CharTokenizer, CompactGPT2Tokenizer, GPT2Tokenizer
-from minigpt.data.chat import ChatEncoder, ChatTemplateText
+from minigpt.data.chat.template import ChatEncoder, ChatTemplateText
 from minigpt.data.tokenizer import ChatTokenizer
 from minigpt.model import GPT, GPTConfig
 from minigpt.model.generation import generate

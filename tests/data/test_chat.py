@@ -7,7 +7,7 @@ import string
 import pytest
 
 from minigpt.data import DataError
-from minigpt.data.chat import CHAT_TEMPLATE, ChatEncoder, ChatTemplateText, chat_prompt
+from minigpt.data.chat.template import CHAT_TEMPLATE, ChatEncoder, ChatTemplateText, chat_prompt
 from minigpt.data.tokenizer import CharTokenizer, ChatTokenizer, with_chat_tokens
 from minigpt.server import DEFAULT_TEMPLATE, ChatTemplate
 from minigpt.server.errors import RequestError

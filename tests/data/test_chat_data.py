@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from minigpt.data import DataError
-from minigpt.data.chat import ChatEncoder
-from minigpt.data.chat_data import (
+from minigpt.data.chat.conversations import (
     IGNORE_INDEX,
     ChatDataConfig,
     ConversationWindows,
@@ -23,7 +22,8 @@ from minigpt.data.chat_data import (
     first_fit,
     load_chat_examples,
 )
-from minigpt.data.instructions import Conversation
+from minigpt.data.chat.instructions import Conversation
+from minigpt.data.chat.template import ChatEncoder
 from minigpt.data.tokenizer import CharTokenizer, with_chat_tokens
 from minigpt.training.loss import next_token_loss
 

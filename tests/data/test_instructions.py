@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from minigpt.data import DataError
-from minigpt.data.instructions import read_conversations
+from minigpt.data.chat.instructions import read_conversations
 
 ALPACA = [
     {"instruction": "Name a colour.", "input": "", "output": "Blue."},

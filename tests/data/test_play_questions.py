@@ -13,7 +13,7 @@ import pytest
 from minigpt.cli.play_questions import play_questions_main
 from minigpt.data import DataError
 from minigpt.data import play_questions as module
-from minigpt.data.instructions import read_conversations
+from minigpt.data.chat.instructions import read_conversations
 from minigpt.data.play_questions import (
     KINDS,
     PLAYS,

@@ -151,7 +151,7 @@ def test_a_chat_prompt_is_continued_until_the_end_of_the_assistants_turn() -> No
     import torch
 
     from minigpt.data import CharTokenizer
-    from minigpt.data.chat import ChatEncoder
+    from minigpt.data.chat.template import ChatEncoder
     from minigpt.data.tokenizer import with_chat_tokens
 
     tokenizer = with_chat_tokens(CharTokenizer.from_texts(["Who are you?\n"]))

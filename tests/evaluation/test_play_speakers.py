@@ -17,8 +17,8 @@ from minigpt.checkpoints import save_safetensors  # noqa: E402
 from minigpt.cli.evaluate import evaluate_main  # noqa: E402
 from minigpt.data import CharTokenizer, Tokenizer  # noqa: E402
 from minigpt.data import play_questions as questions  # noqa: E402
-from minigpt.data.chat import ChatEncoder  # noqa: E402
-from minigpt.data.instructions import instruction_messages  # noqa: E402
+from minigpt.data.chat.instructions import instruction_messages  # noqa: E402
+from minigpt.data.chat.template import ChatEncoder  # noqa: E402
 from minigpt.data.tokenizer import ChatTokenizer, with_chat_tokens  # noqa: E402
 from minigpt.evaluation.harness import MiniGPTLM  # noqa: E402
 from minigpt.evaluation.lm_eval import run_tasks  # noqa: E402

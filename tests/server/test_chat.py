@@ -7,7 +7,7 @@ import openai
 import pytest
 import torch
 
-from minigpt.data.chat import ChatEncoder
+from minigpt.data.chat.template import ChatEncoder
 from minigpt.model import generate
 
 from .conftest import CHAT_NAME, LIMITS, Served

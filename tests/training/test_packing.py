@@ -11,9 +11,13 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
-from minigpt.data.chat import ChatEncoder
-from minigpt.data.chat_data import ConversationWindows, PackedConversationWindows, encode_conversations
-from minigpt.data.instructions import Conversation
+from minigpt.data.chat.conversations import (
+    ConversationWindows,
+    PackedConversationWindows,
+    encode_conversations,
+)
+from minigpt.data.chat.instructions import Conversation
+from minigpt.data.chat.template import ChatEncoder
 from minigpt.data.tokenizer import CharTokenizer, with_chat_tokens
 from minigpt.model import GPT, GPTConfig
 from minigpt.training.config import LoRAConfig

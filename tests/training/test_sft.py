@@ -18,7 +18,7 @@ from minigpt.checkpoints import load_model
 from minigpt.checkpoints.load import save_safetensors
 from minigpt.cli.train import train_main
 from minigpt.data import ChatDataModule
-from minigpt.data.chat_data import IGNORE_INDEX, ChatDataConfig
+from minigpt.data.chat.conversations import IGNORE_INDEX, ChatDataConfig
 from minigpt.model import GPT, GPTConfig
 
 from .helpers import BASE, assert_identical, last_checkpoint, sft_args, step_losses

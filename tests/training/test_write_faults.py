@@ -66,7 +66,9 @@ def test_a_checkpoint_larger_than_the_free_space_is_refused_before_a_byte_is_wri
     with pytest.raises(CheckpointWriteError, match=r"last.ckpt: no space left on device \(0.0 MB free there"):
         AtomicCheckpointIO().save_checkpoint(checkpoint, tmp_path / "last.ckpt")
     assert writes == [] and list(tmp_path.iterdir()) == []
-    monkeypatch.setattr("minigpt.training.callbacks.checkpoints.free_space", lambda path: 6_000)  # 4,000 + 2,000 bytes
+    monkeypatch.setattr(
+        "minigpt.training.callbacks.checkpoints.free_space", lambda path: 6_000
+    )  # 4,000 + 2,000 bytes
     AtomicCheckpointIO().save_checkpoint(checkpoint, tmp_path / "last.ckpt")
     assert len(writes) == 1
 

@@ -26,9 +26,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .chat import ChatEncoder
-from .errors import DataError
+from ..errors import DataError
 from .instructions import Conversation, read_conversations
+from .template import ChatEncoder
 
 logger = logging.getLogger(__name__)
 

@@ -9,19 +9,19 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader, DistributedSampler
 
-from .chat import ChatEncoder
-from .chat_data import (
+from ..datamodule import loader_options
+from ..errors import DataError
+from ..loader import ResumableLoader
+from ..tokenizer import ChatTokenizer, tokenizer_from_spec, with_chat_tokens
+from ..windows import ValWindowSampler
+from .conversations import (
     ChatDataConfig,
     ChatExamples,
     ConversationWindows,
     PackedConversationWindows,
     load_chat_examples,
 )
-from .datamodule import loader_options
-from .errors import DataError
-from .loader import ResumableLoader
-from .tokenizer import ChatTokenizer, tokenizer_from_spec, with_chat_tokens
-from .windows import ValWindowSampler
+from .template import ChatEncoder
 
 
 def held_out(count: int, fraction: float, seed: int) -> np.ndarray:

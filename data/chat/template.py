@@ -1,6 +1,6 @@
 """A conversation to token ids through the chat template, with the ids the model learns to write.
 
-The template is the server's (``server/chat_template.jinja``), rendered as the server renders it:
+The template (``chat_template.jinja`` beside this file) is the server's, rendered as it renders it:
 in Jinja's sandbox, with ``messages``, ``add_generation_prompt`` and the tokenizer's markers as
 ``chat_tokens``. Training therefore reads conversations in exactly the form the server prompts with.
 
@@ -29,10 +29,10 @@ import numpy as np
 from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import DataError
-from .tokenizer import ChatTokenizer, Tokenizer
+from ..errors import DataError
+from ..tokenizer import ChatTokenizer, Tokenizer
 
-CHAT_TEMPLATE = Path(__file__).parents[1] / "server" / "chat_template.jinja"
+CHAT_TEMPLATE = Path(__file__).with_name("chat_template.jinja")
 """The one chat template, which the server applies too."""
 ROLES = ("system", "user", "assistant")
 """The roles a message may have."""

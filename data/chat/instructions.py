@@ -23,9 +23,9 @@ from typing import Any
 
 from minigpt.common import one_line
 
-from .chat import ROLES
-from .corpus import Corpus, resolve_corpus
-from .errors import DataError
+from ..corpus import Corpus, resolve_corpus
+from ..errors import DataError
+from .template import ROLES
 
 Messages = list[dict[str, str]]
 
