@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minigpt.common import another_folder_with
-from minigpt.data.play_questions import KINDS, TEST_PLAYS, corpus_splits, write_splits
+from minigpt.data.questions.make import KINDS, corpus_splits, write_splits
+from minigpt.data.questions.plays import TEST_PLAYS
 
 from .command import USER_ERRORS, options_parser, parse_options, report
 

@@ -26,7 +26,7 @@ def play_next_line(seed: int = 1337, **_: object) -> datasets.DatasetDict:
 
 
 def _play_questions(kind: str, seed: int) -> datasets.DatasetDict:
-    from minigpt.data.play_questions import corpus_splits
+    from minigpt.data.questions.make import corpus_splits
 
     splits = corpus_splits(seed)
     return datasets.DatasetDict(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minigpt.data.play_questions import PLAYS
+from minigpt.data.questions.plays import PLAYS
 
 SPEAKERS = {
     "ANNA": 40,

@@ -12,19 +12,10 @@ import pytest
 
 from minigpt.cli.play_questions import play_questions_main
 from minigpt.data import DataError
-from minigpt.data import play_questions as module
 from minigpt.data.chat.instructions import read_conversations
-from minigpt.data.play_questions import (
-    KINDS,
-    PLAYS,
-    SPLITS,
-    TEST_PLAYS,
-    next_line_prompt,
-    play_speeches,
-    prompt,
-    question_splits,
-    split_plays,
-)
+from minigpt.data.questions import make as module
+from minigpt.data.questions.make import KINDS, SPLITS, next_line_prompt, prompt, question_splits
+from minigpt.data.questions.plays import PLAYS, TEST_PLAYS, play_speeches, split_plays
 
 from .plays import SPEAKERS, speech_line, synthetic_corpus
 

