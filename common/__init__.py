@@ -19,7 +19,7 @@ from .files import (
 )
 from .machine import available_cores
 from .settings import data_settings
-from .text import byte_size, duration
+from .text import byte_size, duration, short_count
 
 __all__ = [
     "WRITE_FAILURES",
@@ -32,6 +32,7 @@ __all__ = [
     "byte_size",
     "data_settings",
     "duration",
+    "short_count",
     "free_space",
     "one_line",
     "reporting_write_failures",

@@ -13,6 +13,14 @@ def duration(seconds: float) -> str:
     return f"{hours} h {minutes} min" if hours else f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
+def short_count(n: float) -> str:
+    """A count such as "950", "1.39M" or "6.14B"."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
 def byte_size(num_bytes: int) -> str:
     """A size such as "0.4 MB" or "12.3 GB"."""
     return f"{num_bytes / 1e9:,.1f} GB" if num_bytes >= 1e8 else f"{num_bytes / 1e6:,.1f} MB"

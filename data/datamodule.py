@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from minigpt.common import another_folder_with
+from minigpt.common import another_folder_with, short_count
 
 from .config import DataConfig
 from .errors import DataError
@@ -87,6 +87,18 @@ class TextDataModule(L.LightningDataModule):
     def vocab_size(self) -> int:
         """Number of token ids, ``tokenizer.n_vocab``."""
         return self.tokenizer.n_vocab
+
+    def train_tokens(self) -> int:
+        """Tokens of the training split."""
+        return self.prepared.num_tokens("train")
+
+    def summary(self) -> str:
+        """What the data is, for the run's summary."""
+        prepared = self.prepared
+        return (
+            f"{prepared.meta['source']}, {self.config.tokenizer} tokens: {short_count(self.train_tokens())} "
+            f"for training, {short_count(prepared.num_tokens('val'))} for validation"
+        )
 
     def train_dataset(self) -> TokenWindows:
         """Every window of the training split."""

@@ -27,7 +27,7 @@ from .loggers import step_logs_written
 from .loss import fused_linear_cross_entropy, next_token_loss, token_losses
 from .optim import build_optimizer, build_scheduler
 from .resume import load_run_state, save_run_state
-from .weights import build_network, write_adapter
+from .weights import build_network, trainable_line, write_adapter
 
 
 class LitGPT(L.LightningModule):
@@ -95,10 +95,9 @@ class LitGPT(L.LightningModule):
         tokenizer = self.trainer.datamodule.tokenizer
         self.tokenizer_spec = tokenizer.spec()
         self._token_bytes = torch.from_numpy(tokenizer.byte_lengths())
-        started_from = self.hparams.get("init_from")
-        self.model, self.new_tokens = build_network(
-            self.gpt_config, tokenizer, self.init_from, self.lora, started_from
-        )
+        started = self.hparams.get("init_from")  # a resumed run's weights started from these
+        network = build_network(self.gpt_config, tokenizer, self.init_from, self.lora, started)
+        self.model, self.new_tokens = network
         self.gpt_config = self.model.config
 
     def configure_optimizers(self) -> dict[str, Any]:
@@ -106,16 +105,14 @@ class LitGPT(L.LightningModule):
         scheduler = build_scheduler(optimizer, self.optim_config, self.trainer.estimated_stepping_batches)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    # -- steps ------------------------------------------------------------------------------
-
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)
 
     def hidden(
         self, x: torch.Tensor, segments: torch.Tensor | None = None, positions: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The final hidden states (B, T, C) of inputs x (B, T): what the LM head reads. `segments`
-        and `positions` (B, T), those of a batch of packed conversations, keep them apart."""
+        """The final hidden states (B, T, C) of x (B, T); `segments` and `positions` (B, T) keep
+        packed conversations apart."""
         if self._features is None:  # on first use, so that a model assigned directly works too
             # Compiling the bound method leaves the module, and so its state_dict, untouched.
             self._features = torch.compile(self.model.features) if self._compile else self.model.features
@@ -239,6 +236,9 @@ class LitGPT(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         load_run_state(self, checkpoint)
+
+    def training_summary(self, params: int) -> str:
+        return trainable_line(self.model, self.lora, self.new_tokens, params)  # for the run's summary
 
     def lora_settings(self) -> dict[str, Any] | None:
         """`lora` as the checkpoints and hyperparameters keep it (None: every weight trains)."""

@@ -56,6 +56,19 @@ class Muon(torch.optim.Muon):
         """The dtype the Newton-Schulz products run in for parameters on `device`."""
         return self.ns_dtype or fast_matmul_dtype(device)
 
+    def describe(self, device: torch.device | str, more: str = "") -> str:
+        """How the Newton-Schulz steps run, for the run's summary: the precision, the steps, the
+        polynomials by the name `muon_ns_coefficients` gives them, the scaling, and `more`."""
+        group = self.param_groups[0]
+        steps = group["ns_steps"]
+        schedule = ns_schedule(group["ns_coefficients"], steps)
+        # By name: a resumed run steps with its checkpoint's polynomials.
+        name = next((n for n, c in NS_COEFFICIENTS.items() if ns_schedule(c, steps) == schedule), "own")
+        scaling = ", scaled by the Gram norm" if self.ns_norm == "gram" else ""
+        dtype = str(self.orthogonalisation_dtype(device)).removeprefix("torch.")
+        how = f"{steps} Newton-Schulz steps, {name} polynomials{scaling}{more}"
+        return f"Muon orthogonalises in {dtype} ({how})"
+
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = None

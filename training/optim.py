@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -78,9 +78,9 @@ def build_optimizer(model: nn.Module, config: OptimConfig) -> torch.optim.Optimi
         ns_coefficients=NS_COEFFICIENTS[config.muon_ns_coefficients],
         adjust_lr_fn="original",
         ns_norm=config.muon_ns_norm,
-        row_blocks=_head_rows(model, chosen, config.muon_qk_per_head, config.muon_v_per_head),
+        row_blocks=(rows := _head_rows(model, chosen, config.muon_qk_per_head, config.muon_v_per_head)),
     )
-    return MuonWithAdamW(muon, adamw)
+    return MuonWithAdamW(muon, adamw, per_head=_cut(model, rows))
 
 
 def _head_rows(
@@ -99,6 +99,16 @@ def _head_rows(
         )
         if cut and id(layer.weight) in chosen
     }
+
+
+def _cut(model: nn.Module, rows: dict[torch.Tensor, int]) -> list[str]:
+    """Which of the attention's projections `rows` cuts into heads, by what they make."""
+    attention = next((m for m in model.modules() if isinstance(m, MultiHeadAttention)), None)
+    if attention is None:
+        return []
+    layers = (("queries", attention.W_query), ("keys", attention.W_key), ("values", attention.W_value))
+    blocked = {id(p) for p in rows}
+    return [name for name, layer in layers if id(layer.weight) in blocked]
 
 
 def _decayed(model: nn.Module) -> set[int]:
@@ -123,9 +133,19 @@ class MuonWithAdamW(torch.optim.Optimizer):
     scales each group's lr reaches both; the state dict holds both optimizers' state dicts.
     """
 
-    def __init__(self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, muon: torch.optim.Optimizer, adamw: torch.optim.Optimizer, per_head: Sequence[str] = ()
+    ) -> None:
         self.muon, self.adamw = muon, adamw
+        self.per_head = list(per_head)
+        """The attention projections Muon orthogonalises a head at a time ("queries", ...)."""
         super().__init__(muon.param_groups + adamw.param_groups, defaults={})
+
+    def describe(self, device: torch.device) -> str:
+        """How Muon orthogonalises, for the run's summary."""
+        cut = self.per_head
+        heads = ", " + (", ".join(cut[:-1]) + " and " + cut[-1] if len(cut) > 1 else cut[0]) if cut else ""
+        return self.muon.describe(device, heads + " per head" if cut else "")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

@@ -23,7 +23,7 @@ from minigpt.model import GPT, ConfigError, GPTConfig
 from minigpt.model.vocab import add_token_rows
 
 from .config import LoRAConfig
-from .lora import ADAPTER_FOLDER, add_adapters, save_adapter
+from .lora import ADAPTER_FOLDER, add_adapters, is_token_rows, save_adapter
 
 
 def build_network(
@@ -77,6 +77,28 @@ def build_network(
 def started_without_markers(started_from: str | None, ours: dict[str, Any]) -> bool:
     """Whether the weights a resumed run started from lacked the chat markers of `ours`."""
     return started_from is not None and open_pretrained(started_from)[2] != ours
+
+
+def trainable_line(model: GPT, lora: LoRAConfig | None, new_tokens: list[int], params: int) -> str:
+    """How many of the `params` parameters train: all of them, or LoRA's adapters and the rows of
+    the tokens new to the weights, for the run's summary."""
+    if lora is None:  # counted from the shape: under FSDP this rank holds a shard of each
+        return f"training: all {params:,} parameters"
+    adapters = rows = frozen = 0
+    for name, parameter in model.named_parameters():  # tied weights appear once
+        if not parameter.requires_grad:
+            frozen += parameter.numel()
+        elif is_token_rows(name):
+            rows += parameter.numel()
+        else:
+            adapters += parameter.numel()
+    trainable = adapters + rows
+    total = trainable + frozen
+    counts, what = f"{adapters:,}", f"LoRA of rank {lora.rank} on {', '.join(lora.targets)}"
+    if rows:
+        counts, tokens = counts + f" + {rows:,}", len(new_tokens)
+        what += f", and the rows of the {tokens} token{'s' * (tokens != 1)} new to the weights"
+    return f"training: {counts} of {total:,} parameters ({trainable / total:.2%}), {what}; the rest frozen"
 
 
 def write_adapter(model: GPT, run: Path, base: str | None) -> Path:

@@ -420,21 +420,12 @@ def test_row_blocks_must_divide_the_matrix() -> None:
     ],
 )
 def test_the_run_summary_says_how_muon_orthogonalises(settings: dict, said: str) -> None:
-    from types import SimpleNamespace
-
-    from minigpt.training.callbacks.console import _orthogonalisation
-
     model = GPT(CONFIG)
     config = OptimConfig(optimizer="muon", muon_ns_coefficients="polar_express", muon_ns_steps=3, **settings)
     optimizer = build_optimizer(model, config)
     optimizer.muon.ns_dtype = torch.float32
-    line = _orthogonalisation(
-        SimpleNamespace(optimizers=[optimizer]),
-        SimpleNamespace(device=torch.device("cpu"), modules=model.modules),
-    )
-    assert (
-        line == f"; Muon orthogonalises in float32 (3 Newton-Schulz steps, polar_express polynomials{said})"
-    )
+    line = optimizer.describe(torch.device("cpu"))
+    assert line == f"Muon orthogonalises in float32 (3 Newton-Schulz steps, polar_express polynomials{said})"
 
 
 def _reference_iteration(x: torch.Tensor, coefficients: list, scale: torch.Tensor) -> torch.Tensor:

@@ -14,14 +14,13 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
-from minigpt.common import duration
-from minigpt.model import GPTConfig, MultiHeadAttention
+from minigpt.common import duration, short_count
+from minigpt.model import GPTConfig
 from minigpt.model.config import parameter_count
 
 from ..flops import training_flops_per_token
 from ..loggers import WandbLogger, step_logs_written
-from ..lora import ADAPTER_FOLDER, is_token_rows
-from ..muon import NS_COEFFICIENTS, ns_schedule
+from ..lora import ADAPTER_FOLDER
 from ..precision import cpu_description
 from .throughput import tokens_per_step
 
@@ -142,14 +141,7 @@ def _figure(value: Any) -> str:
     """A progress line's figure: losses to 3 decimals, rates to 3 significant digits."""
     if not isinstance(value, float):
         return str(value)
-    return f"{value:.3f}" if abs(value) < 100 else _tokens(value)
-
-
-def _tokens(n: float) -> str:
-    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
-        if n >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return f"{n:.0f}"
+    return f"{value:.3f}" if abs(value) < 100 else short_count(value)
 
 
 def _device(device: torch.device) -> str:
@@ -160,22 +152,12 @@ def _device(device: torch.device) -> str:
     return device.type
 
 
-def _orthogonalisation(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
-    """The precision Muon's Newton-Schulz products run in, where the run uses Muon."""
-    muon = next((getattr(o, "muon", None) for o in trainer.optimizers if hasattr(o, "muon")), None)
-    if muon is None:
-        return ""
-    dtype = muon.orthogonalisation_dtype(pl_module.device)
-    group = muon.param_groups[0]
-    steps = group["ns_steps"]
-    schedule = ns_schedule(group["ns_coefficients"], steps)
-    # By the name `muon_ns_coefficients` gives it (a resumed run steps with its checkpoint's).
-    name = next((n for n, c in NS_COEFFICIENTS.items() if ns_schedule(c, steps) == schedule), "own")
-    scaling = ", scaled by the Gram norm" if muon.ns_norm == "gram" else ""
-    return (
-        f"; Muon orthogonalises in {str(dtype).removeprefix('torch.')}"
-        f" ({steps} Newton-Schulz steps, {name} polynomials{scaling}{_per_head(muon, pl_module)})"
-    )
+def _optimizer_line(trainer: L.Trainer, pl_module: L.LightningModule) -> str:
+    """What the optimizer says of itself, where it says anything (Muon: its orthogonalisation)."""
+    for optimizer in trainer.optimizers:
+        if (describe := getattr(optimizer, "describe", None)) is not None:
+            return "; " + describe(pl_module.device)
+    return ""
 
 
 def compile_tip(device: torch.device, config: GPTConfig, compiled: bool) -> str | None:
@@ -184,57 +166,8 @@ def compile_tip(device: torch.device, config: GPTConfig, compiled: bool) -> str 
     if device.type != "cuda" or compiled or not (config.qk_norm or config.position_embedding == "rope"):
         return None
     return (
-        "tip: --model.compile true fuses RoPE's and QK-norm's passes over the queries and keys "
-        "(on an H100 at GPT-2 small's shape: 39.7 ms a step against 55.1 eager; benchmarks/RESULTS.md)"
-    )
-
-
-def _per_head(muon: Any, pl_module: L.LightningModule) -> str:
-    """Which attention projections Muon cuts into heads (`muon_qk_per_head`, `muon_v_per_head`)."""
-    attention = next((m for m in pl_module.modules() if isinstance(m, MultiHeadAttention)), None)
-    if attention is None:
-        return ""
-    blocked = {id(p) for p in muon.row_blocks}
-    layers = (("queries", attention.W_query), ("keys", attention.W_key), ("values", attention.W_value))
-    cut = [name for name, layer in layers if id(layer.weight) in blocked]
-    if not cut:
-        return ""
-    return ", " + (", ".join(cut[:-1]) + " and " + cut[-1] if len(cut) > 1 else cut[0]) + " per head"
-
-
-def _training_line(pl_module: L.LightningModule, params: int) -> str:
-    """How many of the parameters train: all of them, or LoRA's adapters (`model.lora`) and the
-    rows of the tokens new to the weights."""
-    lora = getattr(pl_module, "lora", None)
-    if lora is None:  # counted from the shape: under FSDP this rank holds a shard of each
-        return f"training: all {params:,} parameters"
-    adapters = rows = frozen = 0
-    for name, parameter in pl_module.model.named_parameters():  # tied weights appear once
-        if not parameter.requires_grad:
-            frozen += parameter.numel()
-        elif is_token_rows(name):
-            rows += parameter.numel()
-        else:
-            adapters += parameter.numel()
-    trainable = adapters + rows
-    total = trainable + frozen
-    counts, what = f"{adapters:,}", f"LoRA of rank {lora.rank} on {', '.join(lora.targets)}"
-    if rows:
-        tokens = len(pl_module.new_tokens)
-        counts += f" + {rows:,}"
-        what += f", and the rows of the {tokens} token{'s' * (tokens != 1)} new to the weights"
-    return f"training: {counts} of {total:,} parameters ({trainable / total:.2%}), {what}; the rest frozen"
-
-
-def _data_summary(data: L.LightningDataModule) -> tuple[int, str]:
-    """The training tokens and what the data is: a data module that says so itself (the chat
-    data's `summary`), or the prepared text of a TextDataModule."""
-    if hasattr(data, "summary"):
-        return data.train_tokens(), data.summary()
-    train_tokens = data.prepared.num_tokens("train")
-    return train_tokens, (
-        f"{data.prepared.meta['source']}, {data.config.tokenizer} tokens: {_tokens(train_tokens)} "
-        f"for training, {_tokens(data.prepared.num_tokens('val'))} for validation"
+        "tip: --model.compile true fuses RoPE's and QK-norm's passes over the queries and keys, "
+        "which saves much of an eager step's time on a GPU (docs/results/compile.md)"
     )
 
 
@@ -270,7 +203,7 @@ class RunSummary(L.Callback):
             return
         steps = trainer.estimated_stepping_batches
         total = steps * self._tokens_per_step
-        train_tokens, data_line = _data_summary(data)
+        train_tokens, data_line = data.train_tokens(), data.summary()
         params = parameter_count(config)  # from the shape: under FSDP this rank holds a shard
         flops = training_flops_per_token(config)
         lines = [
@@ -281,15 +214,15 @@ class RunSummary(L.Callback):
                 if getattr(pl_module, "init_from", None)
                 else ""
             ),
-            _training_line(pl_module, params),
+            pl_module.training_summary(params),
             f"data: {data_line}",
             f"steps: {trainer.global_step:,} done, {steps:,} in all, global batch {self._tokens_per_step:,} "
             f"tokens (micro-batch {data.config.batch_size} x {data.context_length} tokens x "
             f"{trainer.accumulate_grad_batches} accumulated x {trainer.world_size} "
-            f"{'process' if trainer.world_size == 1 else 'processes'}) = {_tokens(total)} tokens, "
+            f"{'process' if trainer.world_size == 1 else 'processes'}) = {short_count(total)} tokens, "
             f"{total / max(train_tokens, 1):.1f} passes over the training tokens",
             f"compute: {flops / 1e6:.1f} MFLOPs per token, {flops * total / 1e15:.2f} PFLOPs in all; "
-            f"{trainer.precision} on {_device(pl_module.device)}{_orthogonalisation(trainer, pl_module)}",
+            f"{trainer.precision} on {_device(pl_module.device)}{_optimizer_line(trainer, pl_module)}",
             f"output: {trainer.default_root_dir}",
         ]
         wandb = [logger.summary_line() for logger in trainer.loggers if isinstance(logger, WandbLogger)]
@@ -302,7 +235,7 @@ class RunSummary(L.Callback):
             return
         seconds = time.perf_counter() - self._start
         tokens = trainer.global_step * self._tokens_per_step
-        parts = [f"done: {trainer.global_step:,} steps, {_tokens(tokens)} tokens in {duration(seconds)}"]
+        parts = [f"done: {trainer.global_step:,} steps, {short_count(tokens)} tokens in {duration(seconds)}"]
         checkpoint = trainer.checkpoint_callback
         if isinstance(checkpoint, ModelCheckpoint) and checkpoint.best_model_score is not None:
             best = float(checkpoint.best_model_score)
