@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -236,3 +237,22 @@ def test_a_read_only_run_folder_is_refused_at_the_start(
     assert (
         error_line(capsys.readouterr().err) == f"error: cannot write the run folder {run}: permission denied"
     )
+
+
+def test_a_run_whose_checkpoints_will_not_fit_says_so_before_its_first_step(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    free = {"bytes": 10**12}
+    monkeypatch.setattr("minigpt.training.callbacks.checkpoints.free_space", lambda path: free["bytes"])
+    args = ("--trainer.max_steps", "4", "--trainer.val_check_interval", "4")
+    with caplog.at_level("WARNING", logger="minigpt"):
+        assert train_main(tiny_args(corpus, tmp_path / "roomy", *args)) == 0
+    assert "the first save will fail" not in caplog.text
+    size = (tmp_path / "roomy" / "checkpoints" / "last.ckpt").stat().st_size
+    caplog.clear()
+    free["bytes"] = 2 * size  # best.ckpt and last.ckpt fit, with no room for a save's new file
+    with caplog.at_level("WARNING", logger="minigpt"):
+        train_main(tiny_args(corpus, tmp_path / "tight", *args))
+    (warning,) = [r.getMessage() for r in caplog.records if "the first save will fail" in r.getMessage()]
+    estimate = float(re.search(r"\(2 of about ([\d.]+) MB", warning)[1]) * 1e6
+    assert abs(estimate - size) <= 0.15 * size, (estimate, size)  # the estimate is the checkpoint's size

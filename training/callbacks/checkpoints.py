@@ -5,6 +5,7 @@ one-line reason where one cannot be written (a full disk, a folder the run may n
 from __future__ import annotations
 
 import errno
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,14 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint as LightningModelCheckpoint
+from lightning.pytorch.callbacks import WeightAveraging
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from minigpt.common import WRITE_FAILURES, atomic_write, byte_size, free_space, write_failure
 
 from ..lightning_internals import save_last_checkpoint
+
+log = logging.getLogger("minigpt")
 
 
 class CheckpointWriteError(OSError):
@@ -97,3 +101,32 @@ class ModelCheckpoint(LightningModelCheckpoint):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not (self.save_last and save_last_checkpoint(self, trainer)):
             super().on_train_end(trainer, pl_module)
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Say at the start, not at the first save, when the checkpoints will not fit."""
+        if not trainer.is_global_zero or self.dirpath is None:
+            return
+        files = max(self.save_top_k, 0) + int(bool(self.save_last))
+        size = checkpoint_bytes(trainer, pl_module)
+        # An atomic save writes the new file beside the old one before it replaces it.
+        needed, free = (files + 1) * size, free_space(self.dirpath)
+        if files and free is not None and needed > free:
+            log.warning(
+                f"warning: this run's checkpoints need about {byte_size(needed)} in {self.dirpath} "
+                f"({files} of about {byte_size(size)}, and room for one more while a save replaces "
+                f"one) and {byte_size(free)} is free there: the first save will fail; free some space "
+                "or choose another --trainer.default_root_dir"
+            )
+
+
+def checkpoint_bytes(trainer: L.Trainer, pl_module: L.LightningModule) -> int:
+    """About what one checkpoint of this run will hold: the weights, the optimizer's moments (two
+    per trained value for Adam, one for Muon, in fp32) and, with a weight average, a second copy."""
+    weights = sum(p.numel() * p.element_size() for p in pl_module.parameters())
+    moments = 0
+    for optimizer in trainer.optimizers:
+        for group in optimizer.param_groups:
+            per_value = 1 if "ns_steps" in group else 2  # Muon's groups have Newton-Schulz steps
+            moments += sum(4 * per_value * p.numel() for p in group["params"] if p.requires_grad)
+    averaged = any(isinstance(c, WeightAveraging) for c in trainer.callbacks)
+    return weights * (2 if averaged else 1) + moments
