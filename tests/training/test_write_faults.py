@@ -17,8 +17,16 @@ from minigpt.training.callbacks.checkpoints import AtomicCheckpointIO, Checkpoin
 
 from .conftest import tiny_args
 from .faults import FailingSaveAt
+from .helpers import step_losses
 
-VALIDATED = ("--trainer.max_steps", "12", "--trainer.val_check_interval", "4")
+VALIDATED = (
+    "--trainer.max_steps",
+    "12",
+    "--trainer.val_check_interval",
+    "4",
+    "--trainer.log_every_n_steps",
+    "1",
+)
 """Validations at steps 4, 8 and 12, each saving best.ckpt, then last.ckpt."""
 
 
@@ -135,6 +143,11 @@ def test_a_full_disk_before_last_ckpt_resumes_from_best_ckpt(
         f"--ckpt_path last: resuming from {best}, the newest checkpoint there (no last.ckpt)" in caplog.text
     )
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 12
+    # The resumed run trains as a run that never failed does, loss for loss.
+    straight = tmp_path / "straight"
+    assert train_main(tiny_args(corpus, straight, *VALIDATED)) == 0
+    assert step_losses(run) == step_losses(straight)
+    assert len(step_losses(run)) == 12
 
 
 @pytest.mark.slow
