@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from .chat import ChatTemplate, reads_markers
 from .engine import Engine, Sampling, Usage
-from .error_handlers import add_error_handlers
+from .error_handlers import BodyLimit, add_error_handlers
 from .errors import Unauthorized, UnknownModel
 from .protocol import ChatRequest, Common, CompletionRequest
 from .responses import ChatShape, Choice, CompletionShape, Shape
@@ -70,6 +70,7 @@ def create_app(engine: Engine, chat: ChatTemplate, api_key: str | None = None) -
     )
 
     add_error_handlers(app)
+    app.add_middleware(BodyLimit)
 
     def authorized(request: Request) -> None:
         if api_key is None:

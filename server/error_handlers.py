@@ -92,3 +92,49 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def internal(request: Request, err: Exception) -> JSONResponse:
         return JSONResponse(error_body(one_line(err, with_type=True), "server_error"), status_code=500)
+
+
+MAX_BODY_BYTES = 1 << 20
+"""The largest request body the server reads: far more than any prompt a context holds."""
+
+
+class BodyLimit:
+    """Refuse a request body over `max_bytes` with 413 in OpenAI's error shape, before the route
+    reads it: by its Content-Length where it has one, else as its chunks arrive."""
+
+    def __init__(self, app: Any, max_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await self.refuse(scope, send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: let the app see it
+                return await self.app(scope, _replay([message], receive), send)
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self.refuse(scope, send)
+            more = message.get("more_body", False)
+        whole = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([whole], receive), send)
+
+    async def refuse(self, scope: dict[str, Any], send: Any) -> None:
+        message = f"the request body is larger than the {self.max_bytes:,} bytes this server reads"
+        response = JSONResponse(error_body(message, "invalid_request_error"), status_code=413)
+        await response(scope, None, send)
+
+
+def _replay(messages: list[dict[str, Any]], receive: Any) -> Any:
+    """`receive` that hands out `messages` first: the body read already, then what comes after
+    (a disconnect, which a streamed answer waits for)."""
+
+    async def replayed() -> dict[str, Any]:
+        return messages.pop(0) if messages else await receive()
+
+    return replayed

@@ -6,6 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from minigpt.server.error_handlers import MAX_BODY_BYTES
+
 from .conftest import NAME, Served
 
 JSON = {"content-type": "application/json"}
@@ -98,3 +100,22 @@ def test_a_wrong_method_is_refused_in_openais_error_shape_naming_the_right_one(s
         error = openai_error(answer, 405)
         assert error["message"] == f"{method} {route} is not allowed; this route takes {allowed}"
         assert answer.headers["allow"] == allowed
+
+
+@pytest.mark.parametrize("sent", ["with its length", "in chunks"])
+def test_a_body_over_the_limit_is_refused_with_413_in_openais_error_shape(served: Served, sent: str) -> None:
+    prompt = "x" * MAX_BODY_BYTES
+    body = f'{{"model": "{NAME}", "prompt": "{prompt}", "max_tokens": 1}}'.encode()
+    content = body if sent == "with its length" else iter([body[: len(body) // 2], body[len(body) // 2 :]])
+    answer = httpx.post(f"{served.url}/v1/completions", content=content, headers=JSON)
+    error = openai_error(answer, 413)
+    assert (
+        error["message"] == f"the request body is larger than the {MAX_BODY_BYTES:,} bytes this server reads"
+    )
+
+
+def test_a_body_under_the_limit_sent_in_chunks_is_read_whole(served: Served) -> None:
+    body = f'{{"model": "{NAME}", "prompt": "ROMEO:", "max_tokens": 2}}'.encode()
+    answer = httpx.post(f"{served.url}/v1/completions", content=iter([body[:9], body[9:]]), headers=JSON)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["text"] is not None
