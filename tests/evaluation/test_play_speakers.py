@@ -16,9 +16,9 @@ import minigpt.evaluation  # noqa: E402
 from minigpt.checkpoints import save_safetensors  # noqa: E402
 from minigpt.cli.evaluate import evaluate_main  # noqa: E402
 from minigpt.data import CharTokenizer, Tokenizer  # noqa: E402
-from minigpt.data import play_questions as questions  # noqa: E402
 from minigpt.data.chat.instructions import instruction_messages  # noqa: E402
 from minigpt.data.chat.template import ChatEncoder  # noqa: E402
+from minigpt.data.questions import make as questions  # noqa: E402
 from minigpt.data.tokenizer import ChatTokenizer, with_chat_tokens  # noqa: E402
 from minigpt.evaluation.harness import MiniGPTLM  # noqa: E402
 from minigpt.evaluation.lm_eval import run_tasks  # noqa: E402
