@@ -62,13 +62,12 @@ class OptimConfig:
     matrices of their own, rather than each projection whole. With QK-norm (`qk_norm`) a head's
     queries and keys do not depend on the scale of its rows, so each head is a layer of its own;
     one (head_dim x n_embd) matrix per head also costs far fewer products than one (n_embd x
-    n_embd) matrix (benchmarks/RESULTS.md)."""
+    n_embd) matrix (docs/results/muon.md)."""
     muon_v_per_head: bool = False
     """Muon orthogonalises each head's rows of the value projection on their own, as
     `muon_qk_per_head` does the queries' and keys': a head's values feed only that head's mix.
-    Its (head_dim x n_embd) blocks cost a fraction of the whole matrix's products: at 128 wide
-    ~2.5% more steps a second for ~0.005 more loss per step, the same loss in the same time
-    (benchmarks/RESULTS.md)."""
+    Its (head_dim x n_embd) blocks cost a fraction of the whole matrix's products
+    (docs/results/muon.md)."""
     muon_ns_norm: str = "frobenius"
     """How Muon scales each matrix before its first Newton-Schulz step: "frobenius" by its
     Frobenius norm, as torch's Muon; "gram" by the square root of its Gram matrix's Frobenius

@@ -1,10 +1,10 @@
 """Next-token cross-entropy that never materialises the full (B*T, V) logits tensor.
 
-With a 50k vocabulary the output layer is most of a small model's work: its fp32 logits for
-one batch of 16 x 128 tokens are 400 MB, and writing, casting and re-reading them costs more
-than the matmul. `fused_linear_cross_entropy` projects a chunk of rows at a time, takes the
-loss and its gradient in the same pass (as Liger-Kernel's fused linear cross-entropy does),
-and keeps only the gradients, so memory traffic stays cache-sized.
+With a 50k vocabulary the output layer is most of a small model's work, and its fp32 logits for
+a batch take hundreds of MB: writing, casting and re-reading them costs more than the matmul.
+`fused_linear_cross_entropy` projects a chunk of rows at a time, takes the loss and its gradient
+in the same pass (as Liger-Kernel's fused linear cross-entropy does), and keeps only the
+gradients, so memory traffic stays cache-sized.
 """
 
 from __future__ import annotations

@@ -216,8 +216,7 @@ def newton_schulz(
     norm, sqrt(sum s_i^2), as torch does. `norm="gram"` divides by sqrt(||X X^T||_F) =
     (sum s_i^4)^(1/4), which lies between s_1 and the Frobenius norm: every singular value starts
     larger, closer to 1, for the same steps. It costs nothing more: the first step's A is computed
-    from X before scaling and scaled with it. (Momentum matrices, whose spectrum a few directions
-    dominate, started 1.4-2.2x larger this way at the baby shape: benchmarks/RESULTS.md.)
+    from X before scaling and scaled with it (measured in docs/results/muon.md).
 
     A tall stack (rows > cols) takes the same steps on its transpose, written without
     transposing: A = X^T X and X <- a X + X (b A + c A^2). In fp32, matrices at least twice as
@@ -251,10 +250,9 @@ def _newton_schulz_gram(
 
     Each step multiplies X by P = a I + b A + c A^2, a polynomial in A = X X^T, so after k steps
     X_k = Q_k X_0 with Q_k = P_k ... P_1, and A_{k+1} = P_k A_k P_k: every P, Q and A commute.
-    Iterating on A and Q costs ~4 rows^3 a step instead of ~2 rows^2 cols + rows^3, plus
-    2 rows^2 cols once (A_0 and Q X_0): at 4x as wide as tall, ~40% fewer FLOPs. Its rounding
-    differs from the direct iteration's by ~1e-6 in fp32; in bf16 the repeated products of A
-    drift, so bf16 keeps the direct iteration. `gram` is A_0 where the caller has it."""
+    Iterating on A and Q costs about 4 rows^3 a step instead of 2 rows^2 cols + rows^3, plus
+    2 rows^2 cols once (A_0 and Q X_0): fewer FLOPs for a wide X. In bf16 the repeated products
+    of A drift, so bf16 keeps the direct iteration. `gram` is A_0 where the caller has it."""
     if gram is None:
         gram = x.mT @ x if tall else x @ x.mT  # (N, n, n)
     product = None
