@@ -118,7 +118,7 @@ def class_name(entry: dict[str, Any]) -> str:
 
 def by_name(entries: list[dict[str, Any]], changes: dict[str, Any], order: list[str]) -> list[dict[str, Any]]:
     """`entries` (class_path / init_args dicts) with `changes` applied: each name's settings merged
-    into its entry or a new entry placed by `order`, `false` (or null) removing it."""
+    into its entry or a new entry placed by `order`, `false` removing it, null leaving it as it is."""
     out = copy.deepcopy(entries)
     for name, settings in changes.items():
         if settings is None:
@@ -186,5 +186,5 @@ def check_names(args: Sequence[str]) -> None:
                 if name not in known:
                     raise UsageError(
                         f"{file}: {key}: no {key[:-1]} is named {name!r}; the names: {', '.join(known)} "
-                        f"(another class: --trainer.{'callbacks' if key == 'callbacks' else 'logger'}+=CLASS)"
+                        f"(another class: --trainer.{'callbacks' if kind is Callbacks else 'logger'}+=CLASS)"
                     )
