@@ -7,6 +7,10 @@ Installs nothing and reaches no network. Phases (`--phases`, in this order by de
 - `step`: the 124M training step, compiled, GPT-2's recipe (`gpt2-124m.yaml`) and small.yaml's
   (`modern-124m.yaml`), each with AdamW, Muon and Muon over polar_express 3
   (`benchmarks/gpu_train.py --no-eager --no-peer`)
+- `profile`: torch.profiler over 20 compiled steps at 124M (GPT-2's recipe, AdamW) of the bare
+  step and of `train.py` with the shipped callbacks and with none (`suite.profiling`): wall time
+  against the GPU's busy time, the gaps where it waited for the host and what the host was doing,
+  the synchronisations, with Dynamo's recompiles and graph breaks in the logs
 - `loop`: `train.py` itself at 124M with the shipped callbacks, compiled, on GPT-2 tokens of the
   text: GPT-2's recipe with AdamW, small.yaml's with Muon; its steady tokens/s against the bare
   step's from `step`
@@ -14,6 +18,8 @@ Installs nothing and reaches no network. Phases (`--phases`, in this order by de
   loss, and the seconds from the command to it and to val <= 1.46
 - `small`: `train.py --config small.yaml` on the plays, compiled: the best val bits per byte and
   the seconds from the command to it
+- `char-eager`, `small-eager`: the same two runs as a user types them, eager (`char-eager`
+  also profiles 20 steps in its middle, which costs it a second or two)
 
 Each phase runs in its own process with a time limit; a phase that fails or runs out of time is
 reported as such and the others still run. The table is rewritten after every phase, so what a
@@ -113,16 +119,21 @@ def step_phase(args: argparse.Namespace, out: Path) -> Phase:
         if code != 0:
             phase.note += f"{config}: {failure(code, seconds, log)}. "
             continue
-        for line in report.read_text(encoding="utf-8").splitlines():
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if line.startswith("| minigpt"):  # model, compile, optimizer, ms/step, tokens/s, MFU, ...
-                phase.rows.append(
-                    [f"124M step, {config}", cells[2], f"{cells[3]} ms", f"{cells[4]} tokens/s", cells[5]]
-                )
-                BARE_STEP[(config, cells[2])] = float(cells[4].replace(",", ""))
-            elif match := re.search(r"bf16 peak measured [0-9,.]+ TFLOP/s", line):
-                phase.note += f"{config}: {match.group(0)}. "
+        read_step_report(phase, config, report)
     return phase
+
+
+def read_step_report(phase: Phase, config: str, report: Path) -> None:
+    """`gpu_train.py`'s rows for our model into `phase` and `BARE_STEP`."""
+    for line in report.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| minigpt"):  # model, compile, optimizer, ms/step, tokens/s, MFU, ...
+            phase.rows.append(
+                [f"124M step, {config}", cells[2], f"{cells[3]} ms", f"{cells[4]} tokens/s", cells[5]]
+            )
+            BARE_STEP[(config, cells[2])] = float(cells[4].replace(",", ""))
+        elif match := re.search(r"bf16 peak measured [0-9,.]+ TFLOP/s", line):
+            phase.note += f"{config}: {match.group(0)}. "
 
 
 def train_command(*options: str) -> list[str]:
@@ -143,6 +154,98 @@ def timeline(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
+def loop_options(args: argparse.Namespace, run_dir: Path, steps: int) -> list[str]:
+    """`train.py`'s options of a loop run at 124M on GPT-2 tokens of the text, one optimizer step
+    per batch as the bare step takes them, no validation and no checkpoint."""
+    options = [
+        "--data.config.source", str(args.text), "--data.config.streaming", "false",
+        "--data.config.tokenizer", "gpt2", "--data.config.num_workers", "2",
+        "--data.config.subset", "null", "--data.config.max_tokens", "null",
+        "--data.config.val_fraction", "0.1",
+        "--trainer.default_root_dir", str(run_dir), "--trainer.max_steps", str(steps),
+        "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "2" if args.smoke else "10",
+        "--tokens_per_step", "256" if args.smoke else "12288",
+        "--trainer.enable_progress_bar", "false",
+        "--callbacks.ModelCheckpoint", "false", "--trainer.enable_checkpointing", "false",
+    ]  # fmt: skip
+    return options + (SMOKE if args.smoke else ["--model.compile", "true"])
+
+
+PROFILE_FIGURES = [
+    ("timed_ms_per_step", "ms a step, timed"),
+    ("busy_ms", "GPU busy, ms"),
+    ("gaps_ms", "GPU waiting, ms"),
+    ("gaps_per_step", "waits"),
+    ("sync_ms_per_step", "host in syncs, ms"),
+    ("kernels_per_step", "kernels"),
+]
+
+
+def profile_phase(args: argparse.Namespace, out: Path) -> Phase:
+    phase = Phase("profile")
+    folder = out / "profile"
+    folder.mkdir(parents=True, exist_ok=True)
+    debug = {"TORCH_LOGS": "recompiles,graph_breaks"}
+    for config, optimizer in (
+        () if args.smoke else (("gpt2-124m.yaml", "adamw"), ("modern-124m.yaml", "muon"))
+    ):
+        tag = config.removesuffix(".yaml")
+        command = [sys.executable, str(BENCHMARKS / "gpu_train.py"), "--config", config, "--no-eager"]
+        command += ["--no-peer", "--optimizers", optimizer, "--warmup", "10", "--steps", "20"]
+        command += ["--profile", str(folder), "--out", str(out / f"step-{tag}.md")]
+        log = out / f"profile-bare-{tag}.log"
+        code, seconds = run(command, args.limit, log, debug)
+        phase.seconds += seconds
+        if code != 0:
+            phase.note += f"bare {config}: {failure(code, seconds, log)}. "
+        else:
+            read_step_report(phase, config, out / f"step-{tag}.md")
+    start, steps = (3, 3) if args.smoke else (30, 20)
+    profiler = [
+        "--trainer.callbacks+=suite.profiling.ProfileSteps", f"--trainer.callbacks.start={start}",
+        f"--trainer.callbacks.steps={steps}",
+    ]  # fmt: skip
+    for name, extra in (
+        ("shipped", []),
+        ("none", ["--trainer.callbacks", "[]", "--trainer.logger", "false"]),
+    ):
+        report = folder / f"train-{name}"
+        options = [
+            "--config",
+            "gpt2-124m.yaml",
+            *loop_options(args, out / f"profile-{name}", start + steps + 4),
+        ]
+        options += (
+            extra
+            + profiler
+            + [f"--trainer.callbacks.path={report}", f"--trainer.callbacks.label=train.py, {name} callbacks"]
+        )
+        log = out / f"profile-{name}.log"
+        command = (
+            train_command(*options)
+            if name == "shipped"
+            else [sys.executable, str(ROOT / "train.py"), *options]
+        )
+        code, seconds = run(command, args.limit, log, debug)
+        phase.seconds += seconds
+        if code != 0:
+            phase.note += f"train.py, {name} callbacks: {failure(code, seconds, log)}. "
+    for report in sorted(folder.glob("*.json")):
+        figures = json.loads(report.read_text(encoding="utf-8"))
+        cells = ", ".join(f"{label} {figures[key]:.2f}" for key, label in PROFILE_FIGURES)
+        syncs = ", ".join(f"{k} {v:.2f}" for k, v in figures["syncs_per_step"].items()) or "none"
+        phase.rows.append(
+            [
+                f"profile: {figures['label']}",
+                "yes" if not args.smoke else "no",
+                cells,
+                f"syncs a step: {syncs}",
+                "",
+            ]
+        )
+    return phase
+
+
 def loop_phase(args: argparse.Namespace, out: Path) -> Phase:
     phase = Phase("loop")
     steps = 8 if args.smoke else 80
@@ -155,21 +258,7 @@ def loop_phase(args: argparse.Namespace, out: Path) -> Phase:
     }  # fmt: skip
     for index, (name, (bare, configs)) in enumerate(runs.items()):
         run_dir = out / f"loop-{index}"
-        options = [
-            *configs, "--data.config.source", str(args.text), "--data.config.streaming", "false",
-            "--data.config.tokenizer", "gpt2", "--data.config.num_workers", "2",
-            "--data.config.subset", "null", "--data.config.max_tokens", "null",
-            "--data.config.val_fraction", "0.1",
-            "--trainer.default_root_dir", str(run_dir), "--trainer.max_steps", str(steps),
-            "--trainer.limit_val_batches", "0", "--trainer.log_every_n_steps", "2" if args.smoke else "10",
-            # An optimizer step per batch, as the bare step takes them:
-            "--tokens_per_step", "256" if args.smoke else "12288",
-            "--trainer.enable_progress_bar", "false",
-        ]  # fmt: skip
-        if args.smoke:
-            options += SMOKE
-        else:
-            options += ["--model.compile", "true"]
+        options = [*configs, *loop_options(args, run_dir, steps)]
         log = out / f"{run_dir.name}.log"
         code, seconds = run(train_command(*options), args.limit, log)
         phase.seconds += seconds
@@ -199,19 +288,22 @@ def loop_phase(args: argparse.Namespace, out: Path) -> Phase:
     return phase
 
 
-def end_to_end(args: argparse.Namespace, out: Path, name: str, options: list[str], score: str) -> Phase:
+def end_to_end(
+    args: argparse.Namespace, out: Path, name: str, options: list[str], score: str, compiled: bool = True
+) -> Phase:
     phase = Phase(name)
-    run_dir = out / name
-    events = out / f"{name}-timeline.jsonl"
+    tag = name.replace(" ", "-")
+    run_dir = out / tag
+    events = out / f"{tag}-timeline.jsonl"
     options = [
         *options, "--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false",
         f"--trainer.callbacks+={TIMELINE}", f"--trainer.callbacks.path={events}",
     ]  # fmt: skip
     if args.smoke:
         options += [*SMOKE, "--trainer.max_steps", "6", "--trainer.val_check_interval", "3"]
-    else:
+    elif compiled:
         options += ["--model.compile", "true"]
-    log = out / f"{name}.log"
+    log = out / f"{tag}.log"
     code, seconds = run(train_command(*options), args.limit, log)
     phase.seconds = seconds
     if code != 0:
@@ -225,13 +317,13 @@ def end_to_end(args: argparse.Namespace, out: Path, name: str, options: list[str
     unit = "nats per character" if score == "val_loss" else "bits per byte"
     row = [
         f"{name}: best {score}",
-        "yes" if not args.smoke else "no",
+        "yes" if compiled and not args.smoke else "no",
         f"{best[score]:.3f} {unit}",
         f"at {best['s']:.0f} s (step {best['step']})",
         "",
     ]
     phase.rows.append(row)
-    if name == "char.yaml":
+    if name.startswith("char.yaml"):
         reached = next((e for e in validations if e[score] <= CHAR_TARGET), None)
         when = f"at {reached['s']:.0f} s (step {reached['step']})" if reached else "not reached"
         phase.rows.append([f"char.yaml: val <= {CHAR_TARGET}", row[1], "", when, ""])
@@ -254,11 +346,32 @@ def small_phase(args: argparse.Namespace, out: Path) -> Phase:
     return end_to_end(args, out, "small.yaml", ["--config", "small.yaml"], "val_bpb")
 
 
+def char_eager_phase(args: argparse.Namespace, out: Path) -> Phase:
+    at = 3 if args.smoke else 300
+    profiler = [
+        "--trainer.callbacks+=suite.profiling.ProfileSteps", f"--trainer.callbacks.start={at}",
+        f"--trainer.callbacks.path={out / 'profile' / 'char-eager'}",
+        "--trainer.callbacks.label=char.yaml, eager",
+        "--trainer.callbacks.steps=2" if args.smoke else "--trainer.callbacks.steps=20",
+        "--trainer.callbacks.stack_steps=1" if args.smoke else "--trainer.callbacks.stack_steps=3",
+    ]  # fmt: skip
+    (out / "profile").mkdir(parents=True, exist_ok=True)
+    options = ["--config", "char.yaml", "--data.config.source", str(args.text), *profiler]
+    return end_to_end(args, out, "char.yaml eager", options, "val_loss", compiled=False)
+
+
+def small_eager_phase(args: argparse.Namespace, out: Path) -> Phase:
+    return end_to_end(args, out, "small.yaml eager", ["--config", "small.yaml"], "val_bpb", compiled=False)
+
+
 PHASES: dict[str, Callable[[argparse.Namespace, Path], Phase]] = {
+    "profile": profile_phase,
     "step": step_phase,
     "loop": loop_phase,
     "char": char_phase,
     "small": small_phase,
+    "char-eager": char_eager_phase,
+    "small-eager": small_eager_phase,
 }
 
 

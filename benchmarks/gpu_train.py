@@ -51,6 +51,7 @@ from minigpt.training.loss import next_token_loss
 from minigpt.training.optim import build_optimizer
 
 from suite.configs import read_yaml
+from suite.profiling import profile_calls
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """Mean next-token loss of input ids (B, T) against target ids (B, T)."""
@@ -154,9 +155,11 @@ def time_contestant(
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     warmup: int,
     steps: int,
+    profile_dir: Path | None = None,
 ) -> list[Row]:
     """Rows for one model, one per optimizer, the optimizers taking turns on the same network (so
-    a compiled body is compiled once)."""
+    a compiled body is compiled once); with `profile_dir`, a profile of each one's steps there
+    (`suite.profiling`)."""
     model, loss_of = build()
     rows = []
     for label, optim in optimizers.items():
@@ -168,6 +171,9 @@ def time_contestant(
         first = time.perf_counter() - start  # compilation, cuBLAS's and the allocator's first use
         events_between(step, warmup)
         step_s = statistics.median(events_between(step, steps))
+        if profile_dir is not None:
+            tag = label.replace(" ", "-")
+            profile_calls(step, profile_dir / f"bare-{tag}", f"bare step, {name}, {label}", steps)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = loss_of(*batches[0])
         loss.backward()  # gradients for the optimizer alone, stepped on them repeatedly
@@ -267,6 +273,15 @@ def main() -> None:
     )
     p.add_argument("--rounds", type=int, default=6, help="--levers: rounds, the models taking turns")
     p.add_argument("--out", type=Path, default=None, help="also write the report here")
+    p.add_argument(
+        "--optimizers", default=None, help="comma-separated, of adamw, muon, 'muon polar_express 3'"
+    )
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="also profile each of our steps into this folder (suite.profiling)",
+    )
     args = p.parse_args()
     config = read_yaml(args.config)  # a bare name: configs/ first, then benchmarks/
     if not torch.cuda.is_available():
@@ -285,6 +300,16 @@ def main() -> None:
             adamw, optimizer="muon", muon_ns_coefficients="polar_express", muon_ns_steps=3
         ),
     }
+    if args.optimizers:
+        chosen = [name.strip() for name in args.optimizers.split(",")]
+        unknown = [name for name in chosen if name not in optimizers]
+        if unknown:
+            raise SystemExit(
+                f"error: --optimizers: unknown {unknown[0]!r}; choose from {', '.join(optimizers)}"
+            )
+        optimizers = {name: optimizers[name] for name in chosen}
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator(device="cuda").manual_seed(0)
     ids = [
         torch.randint(gpt.vocab_size, (batch, gpt.context_length + 1), device="cuda", generator=generator)
@@ -319,7 +344,9 @@ def main() -> None:
         raise SystemExit("error: --no-compile and --no-eager leave nothing to time")
     for compiled in ways:
         ours_built = functools.partial(ours, gpt, adamw, compiled)
-        rows += time_contestant("minigpt", compiled, optimizers, ours_built, batches, args.warmup, args.steps)
+        rows += time_contestant(
+            "minigpt", compiled, optimizers, ours_built, batches, args.warmup, args.steps, args.profile
+        )
         if not args.no_peer:
             rows += time_contestant(
                 "transformers GPT2LMHeadModel (sdpa)",
