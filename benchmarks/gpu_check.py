@@ -52,8 +52,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
-CSV_ONLY = "[{class_path: minigpt.training.loggers.CSVLogger}]"
-"""The loggers of every run here: wandb may not be installed on the GPU machine."""
+NO_WANDB = ["--loggers.WandbLogger", "false"]
+"""Every run here logs to CSV alone: wandb may not be installed on the GPU machine."""
 TIMELINE = "suite.timeline.Timeline"
 SMOKE = [
     "--trainer.accelerator", "auto", "--trainer.devices", "1", "--trainer.strategy", "auto",
@@ -137,7 +137,7 @@ def read_step_report(phase: Phase, config: str, report: Path) -> None:
 
 
 def train_command(*options: str) -> list[str]:
-    return [sys.executable, str(ROOT / "train.py"), *options, "--trainer.logger", CSV_ONLY]
+    return [sys.executable, str(ROOT / "train.py"), *options, *NO_WANDB]
 
 
 def csv_rows(run_dir: Path) -> list[dict[str, str]]:
@@ -207,7 +207,7 @@ def profile_phase(args: argparse.Namespace, out: Path) -> Phase:
     ]  # fmt: skip
     for name, extra in (
         ("shipped", []),
-        ("none", ["--trainer.callbacks", "[]", "--trainer.logger", "false"]),
+        ("none", ["--trainer.callbacks", "[]", "--loggers.CSVLogger", "false"]),
     ):
         report = folder / f"train-{name}"
         options = [
@@ -221,11 +221,7 @@ def profile_phase(args: argparse.Namespace, out: Path) -> Phase:
             + [f"--trainer.callbacks.path={report}", f"--trainer.callbacks.label=train.py, {name} callbacks"]
         )
         log = out / f"profile-{name}.log"
-        command = (
-            train_command(*options)
-            if name == "shipped"
-            else [sys.executable, str(ROOT / "train.py"), *options]
-        )
+        command = train_command(*options)
         code, seconds = run(command, args.limit, log, debug)
         phase.seconds += seconds
         if code != 0:
@@ -418,6 +414,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
     p.add_argument("--limit", type=float, default=150.0, help="seconds each process may run")
     p.add_argument("--smoke", action="store_true", help="a few steps of each phase: checks the plumbing")
+    p.add_argument(
+        "--bare-reports",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="gpu_train.py reports (step-<config>.md) of an earlier run: the bare steps the loop compares"
+        " with, and no bare profile",
+    )
     args = p.parse_args(argv)
     chosen = [name.strip() for name in args.phases.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in PHASES]
@@ -431,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
         " (smoke run)" if args.smoke else ""
     )
     phases: list[Phase] = []
+    if args.bare_reports:
+        earlier = Phase("bare steps read from " + ", ".join(path.name for path in args.bare_reports))
+        for path in args.bare_reports:
+            read_step_report(earlier, path.stem.removeprefix("step-") + ".yaml", path)
+        phases.append(earlier)
     for name in chosen:
         print(f"gpu_check: {name} ...", file=sys.stderr, flush=True)
         phases.append(PHASES[name](args, args.out))
