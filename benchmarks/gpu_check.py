@@ -186,9 +186,8 @@ def profile_phase(args: argparse.Namespace, out: Path) -> Phase:
     folder = out / "profile"
     folder.mkdir(parents=True, exist_ok=True)
     debug = {"TORCH_LOGS": "recompiles,graph_breaks"}
-    for config, optimizer in (
-        () if args.smoke else (("gpt2-124m.yaml", "adamw"), ("modern-124m.yaml", "muon"))
-    ):
+    bare = (("gpt2-124m.yaml", "adamw"), ("modern-124m.yaml", "muon"))
+    for config, optimizer in () if args.smoke or args.bare_reports else bare:
         tag = config.removesuffix(".yaml")
         command = [sys.executable, str(BENCHMARKS / "gpu_train.py"), "--config", config, "--no-eager"]
         command += ["--no-peer", "--optimizers", optimizer, "--warmup", "10", "--steps", "20"]
