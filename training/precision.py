@@ -1,18 +1,30 @@
 """Choosing the precision the hardware computes fast, falling back instead of emulating: the
-model's (`trainer.precision`) and the one Muon orthogonalises in, decided by the same check."""
+model's (`trainer.precision`) and the one Muon orthogonalises in, decided by the same check.
+
+On a CPU the check is oneDNN's word (AVX512-BF16 or AMX) and a measurement: a CPU can report
+bf16 and still multiply it slower than fp32 (a virtual machine that does not hand the matrix
+units through, say), and there fp32 is both faster and more precise (docs/results/cpu-speed.md).
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import platform
+import time
 from typing import Any
 
 import torch
 
 log = logging.getLogger("minigpt")
 
+BF16_GAIN = 1.2
+"""How much faster than fp32 a CPU must multiply bf16 for training to take bf16: below it, fp32
+costs little or nothing and rounds less."""
 
-def _cpu_has_bf16() -> bool:
+
+def _onednn_bf16() -> bool:
     """oneDNN's own check (AVX512-BF16 or AMX); assume yes where this PyTorch build cannot tell."""
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -20,9 +32,48 @@ def _cpu_has_bf16() -> bool:
         return True
 
 
+def product_speed(dtype: torch.dtype, size: int = 512, calls: int = 5) -> float:
+    """Products per second of two (size x size) matrices in `dtype` on this CPU, the best of `calls`
+    after one untimed call: a few milliseconds."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator).to(dtype)
+    b = torch.randn(size, size, generator=generator).to(dtype)
+    a @ b  # oneDNN's kernel choice and buffers
+    best = float("inf")
+    for _ in range(calls):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 1.0 / best
+
+
+CPU_BF16 = "MINIGPT_CPU_BF16"
+"""Environment variable: `1` takes oneDNN's word without measuring (to train in bf16 on a CPU that
+multiplies it slowly, or to time it there), `0` never trains a CPU run in bf16."""
+
+
+@functools.cache
+def bf16_gain() -> float:
+    """How many times faster this CPU multiplies bf16 matrices than fp32 ones, measured once per
+    process; 0 where oneDNN says it has no bf16 (then it emulates it, 10-50x slower). `CPU_BF16`
+    overrides the measurement."""
+    told = os.environ.get(CPU_BF16, "").strip()
+    if told == "0" or not _onednn_bf16():
+        return 0.0
+    if told == "1":
+        return float("inf")
+    return product_speed(torch.bfloat16) / product_speed(torch.float32)
+
+
+def _cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 fast enough to train in it (`BF16_GAIN`)."""
+    return bf16_gain() >= BF16_GAIN
+
+
 def has_native_bf16(device: torch.device | str) -> bool:
-    """Whether `device` multiplies bf16 matrices natively. A CPU without AVX512-BF16 or AMX (AVX2
-    only: most laptops) emulates bf16 products, 10-50x slower than fp32 ones."""
+    """Whether `device` multiplies bf16 matrices natively and fast. A CPU without AVX512-BF16 or AMX
+    (AVX2 only: most laptops) emulates bf16 products, 10-50x slower than fp32 ones; one that
+    reports them can still be slower in bf16 (`bf16_gain`)."""
     kind = torch.device(device).type
     if kind == "cpu":
         return _cpu_has_bf16()
@@ -55,7 +106,7 @@ def resolve_precision(precision: Any, accelerator: Any = "auto") -> Any:
         return precision
     device = training_device(accelerator)
     if device == "cpu" and not has_native_bf16("cpu"):
-        log.warning("this CPU has no native bf16; training in fp32 instead of %s", precision)
+        log.warning("%s; training in fp32 instead of %s", cpu_bf16_words(), precision)
         return "32-true"
     if device == "cuda" and not has_native_bf16("cuda"):
         log.warning("this GPU has no bf16; training with fp16 mixed precision instead")
@@ -80,4 +131,17 @@ def cpu_description() -> str:
     if "cpu family" in fields and "model" in fields:
         name += f" (family {fields['cpu family']} model {fields['model']})"
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"{name}, {capability}, {'native' if has_native_bf16('cpu') else 'no native'} bf16"
+    if has_native_bf16("cpu"):
+        return f"{name}, {capability}, native bf16"
+    if _onednn_bf16() and bf16_gain() > 0:  # reports bf16, measured slower
+        return f"{name}, {capability}, bf16 reported but {bf16_gain():.2f}x fp32's speed"
+    return f"{name}, {capability}, no native bf16"
+
+
+def cpu_bf16_words() -> str:
+    """Why this CPU trains in fp32, in a few words."""
+    if os.environ.get(CPU_BF16, "").strip() == "0":
+        return f"{CPU_BF16}=0"
+    if _onednn_bf16():
+        return f"this CPU multiplies bf16 at {bf16_gain():.2f}x fp32's speed"
+    return "this CPU has no native bf16"

@@ -49,7 +49,7 @@ def native_precision() -> str:
     """What small.yaml's bf16-mixed should become here: bf16 where the hardware has it, else fp32."""
     return (
         "bf16-mixed"
-        if torch.cuda.is_available() or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        if torch.cuda.is_available() or precision.has_native_bf16("cpu")
         else "32-true"
     )
 
@@ -77,7 +77,7 @@ def test_small_yaml_trains_in_bf16_where_the_cpu_has_it_and_in_fp32_where_not(
     with caplog.at_level(logging.WARNING, logger="minigpt"):
         cli = parse("--config", "small.yaml", "--trainer.accelerator", "cpu")
     assert cli.trainer.precision == ("bf16-mixed" if has_bf16 else "32-true")
-    warned = "this CPU has no native bf16; training in fp32 instead of bf16-mixed" in caplog.text
+    warned = "training in fp32 instead of bf16-mixed" in caplog.text
     assert warned is not has_bf16
 
 

@@ -8,9 +8,11 @@ either kind of CPU.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,7 @@ from .conftest import REPO, tiny_args
 
 AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 """Makes oneDNN's bf16 check say no on a CPU with native bf16."""
-FALLBACK = "this CPU has no native bf16; training in fp32 instead of bf16-mixed"
+FALLBACK = "training in fp32 instead of bf16-mixed"
 
 
 def cpu_flags() -> set[str] | None:
@@ -70,11 +72,71 @@ def test_the_bf16_check_agrees_with_the_cpu_flags() -> None:
     if os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("ATEN_CPU_CAPABILITY"):
         pytest.skip("oneDNN or ATen is held to an instruction set here, so the flags do not decide")
     if {"avx512_bf16", "amx_bf16"} & flags:
-        assert precision._cpu_has_bf16()
+        assert precision._onednn_bf16()
     elif "avx512f" not in flags:
-        assert not precision._cpu_has_bf16()
+        assert not precision._onednn_bf16() and not precision._cpu_has_bf16()
     else:
         pytest.skip("AVX-512 without bf16: whether oneDNN counts it as bf16 is its own decision")
+
+
+@pytest.mark.parametrize(
+    ("onednn", "bf16_speed", "expected", "said"),
+    [
+        (True, 2.5, "bf16-mixed", None),  # a Zen 4: bf16 products 2-3x fp32's
+        (True, 0.5, "32-true", "this CPU multiplies bf16 at 0.50x fp32's speed"),  # reported, yet slower
+        (True, 1.1, "32-true", "this CPU multiplies bf16 at 1.10x fp32's speed"),  # too little to gain
+        (False, None, "32-true", "this CPU has no native bf16"),  # AVX2 only: not even measured
+    ],
+)
+def test_a_cpu_trains_in_bf16_only_where_it_measures_faster(
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    onednn: bool,
+    bf16_speed: float | None,
+    expected: str,
+    said: str | None,
+) -> None:
+    def speed(dtype: torch.dtype) -> float:
+        assert onednn, "a CPU without bf16 is not measured"
+        return bf16_speed if dtype == torch.bfloat16 else 1.0
+
+    monkeypatch.setattr(precision, "_onednn_bf16", lambda: onednn)
+    monkeypatch.setattr(precision, "product_speed", speed)
+    precision.bf16_gain.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="minigpt"):
+            assert precision.resolve_precision("bf16-mixed", "cpu") == expected
+        assert precision.fast_matmul_dtype("cpu") == (
+            torch.bfloat16 if expected == "bf16-mixed" else torch.float32
+        )
+        if said is None:
+            assert caplog.text == "" and precision.cpu_description().endswith(", native bf16")
+        else:
+            assert f"{said}; training in fp32 instead of bf16-mixed" in caplog.text
+    finally:
+        precision.bf16_gain.cache_clear()  # measured again, for real, by the next caller
+
+
+@pytest.mark.parametrize(("told", "expected"), [("1", "bf16-mixed"), ("0", "32-true")])
+def test_the_environment_can_overrule_the_measurement(
+    monkeypatch: pytest.MonkeyPatch, told: str, expected: str
+) -> None:
+    monkeypatch.setenv(precision.CPU_BF16, told)
+    monkeypatch.setattr(precision, "_onednn_bf16", lambda: True)
+    monkeypatch.setattr(precision, "product_speed", lambda dtype: pytest.fail("measured though told"))
+    precision.bf16_gain.cache_clear()
+    try:
+        assert precision.resolve_precision("bf16-mixed", "cpu") == expected
+    finally:
+        precision.bf16_gain.cache_clear()
+
+
+def test_the_measurement_of_bf16_against_fp32_takes_milliseconds() -> None:
+    precision.bf16_gain.cache_clear()
+    start = time.perf_counter()
+    gain = precision.bf16_gain()
+    assert time.perf_counter() - start < 1.0
+    assert gain == 0.0 if not precision._onednn_bf16() else gain > 0.0
 
 
 @pytest.mark.slow
