@@ -47,11 +47,7 @@ def small_args(corpus: Path, run: Path, *extra: str) -> list[str]:
 
 def native_precision() -> str:
     """What small.yaml's bf16-mixed should become here: bf16 where the hardware has it, else fp32."""
-    return (
-        "bf16-mixed"
-        if torch.cuda.is_available() or precision.has_native_bf16("cpu")
-        else "32-true"
-    )
+    return "bf16-mixed" if torch.cuda.is_available() or precision.has_native_bf16("cpu") else "32-true"
 
 
 def check_run(run: Path, console: str, tokenizer: str) -> None:

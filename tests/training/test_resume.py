@@ -200,7 +200,7 @@ def test_the_same_in_fp32_where_the_cpu_has_native_bf16(tmp_path: Path) -> None:
     other two ways end differently and resume through the same code; this one needs no third
     process.)"""
     if not has_native_bf16("cpu"):
-        pytest.skip("this CPU trains in fp32 (no bf16, or bf16 measured slower): the tests above already ran in fp32")
+        pytest.skip("this CPU trains in fp32 (no bf16, or bf16 measured slower): the tests above ran in fp32")
     test = f"{Path(__file__).relative_to(REPO)}::test_a_small_yaml_run_stopped_by_sigterm_resumes_bit_exactly"
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", test],
