@@ -7,7 +7,7 @@ host was doing in the longest of them, the waits for the device (synchronisation
 to the host) per step, and the kernels and host ops that cost the most. Two windows are taken:
 the first without Python stacks, for the figures; a short second one with them, so that each long
 gap names the Python function the host was in (the stacks slow the host, so its figures are not
-used). `compare` lays two reports side by side.
+used).
 """
 
 from __future__ import annotations
@@ -53,6 +53,15 @@ def _merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float
     return merged
 
 
+def _gaps(events: list[dict[str, Any]]) -> tuple[list[tuple[float, float]], list[tuple[float, float, float]]]:
+    """The device's busy intervals in a trace, and its idle gaps of at least `GAP_US` as
+    (length, start, end), longest first."""
+    device = [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_WORK]
+    busy = _merged((e["ts"], e["ts"] + e["dur"]) for e in device)
+    gaps = [(b[0] - a[1], a[1], b[0]) for a, b in zip(busy, busy[1:], strict=False) if b[0] - a[1] >= GAP_US]
+    return busy, sorted(gaps, reverse=True)
+
+
 def read_trace(events: list[dict[str, Any]], steps: int, stacks: list[dict[str, Any]] | None = None) -> dict:
     """Figures per step from a chrome trace's `traceEvents` covering `steps` steps: device busy,
     its gaps (the longest with the host's innermost op, and with `stacks`' events from a
@@ -66,9 +75,7 @@ def read_trace(events: list[dict[str, Any]], steps: int, stacks: list[dict[str, 
         end = max(e["ts"] + e["dur"] for e in spans)
     else:
         begin = end = 0.0
-    busy = _merged((e["ts"], e["ts"] + e["dur"]) for e in device)
-    gaps = [(b[0] - a[1], a[1], b[0]) for a, b in zip(busy, busy[1:], strict=False) if b[0] - a[1] >= GAP_US]
-    gaps.sort(reverse=True)
+    busy, gaps = _gaps(events)
 
     def inside(at: float, pool: list[dict[str, Any]], depth: int = 3) -> str:
         """The innermost `depth` host events running at `at` (on the thread with the most), outer to inner."""
@@ -104,17 +111,9 @@ def read_trace(events: list[dict[str, Any]], steps: int, stacks: list[dict[str, 
         },
         "python_in_gaps": [
             {"ms": round(g[0] / 1e3, 3), "python": inside((g[1] + g[2]) / 2, python, 5)}
-            for g in _stack_gaps(stacks or [])
+            for g in _gaps(stacks or [])[1][:8]
         ],
     }
-
-
-def _stack_gaps(events: list[dict[str, Any]]) -> list[tuple[float, float, float]]:
-    """The 8 longest device gaps of a trace taken with Python stacks."""
-    device = [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_WORK]
-    busy = _merged((e["ts"], e["ts"] + e["dur"]) for e in device)
-    gaps = [(b[0] - a[1], a[1], b[0]) for a, b in zip(busy, busy[1:], strict=False) if b[0] - a[1] >= GAP_US]
-    return sorted(gaps, reverse=True)[:8]
 
 
 def _trace_events(prof: profile, keep: Path | None) -> list[dict[str, Any]]:
@@ -156,8 +155,8 @@ def write_report(path: Path, label: str, figures: dict, wall_s: float, tables: s
 class Window:
     """Profiles what runs between `begin` and `end`: figures first, then (`stacks`) names."""
 
-    def __init__(self, path: Path, label: str, steps: int, stack_steps: int) -> None:
-        self.path, self.label, self.steps, self.stack_steps = path, label, steps, stack_steps
+    def __init__(self, path: Path, label: str, steps: int) -> None:
+        self.path, self.label, self.steps = path, label, steps
         self.prof: profile | None = None
         self.stacked = False
         self.events: list[dict[str, Any]] = []
@@ -191,7 +190,7 @@ def profile_calls(
     run: Callable[[], object], path: Path, label: str, steps: int = 20, stack_steps: int = 3
 ) -> None:
     """Profile `steps` calls of `run` (a bare step), then `stack_steps` more with Python stacks."""
-    window = Window(path, label, steps, stack_steps)
+    window = Window(path, label, steps)
     window.begin()
     for _ in range(steps):
         run()
@@ -211,8 +210,7 @@ class ProfileSteps(L.Callback):
     def __init__(
         self, path: str, label: str = "train.py", start: int = 30, steps: int = 20, stack_steps: int = 3
     ) -> None:
-        self.window = Window(Path(path), label, steps, stack_steps)
-        self.start = start
+        self.window = Window(Path(path), label, steps)
         self.marks = (start, start + steps, start + steps + stack_steps)
 
     def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:

@@ -110,8 +110,8 @@ def test_under_torchrun_the_world_size_comes_from_its_variables(cluster: pytest.
 def test_gpt2_124m_takes_ddp_only_on_several_devices(
     devices: str, strategy: type, cluster: pytest.MonkeyPatch
 ) -> None:
-    # On one GPU, DDP's wrapper copied every gradient into its buckets and split the compiled
-    # graph at them: the step cost 1.6x the bare one (docs/results/gpu.md).
+    # On one GPU, DDP's wrapper copies every gradient into its buckets and splits the compiled
+    # graph at them (docs/results/gpu.md).
     cli = parse("--config", "gpt2-124m.yaml", "--trainer.accelerator", "cpu", "--trainer.devices", devices)
     assert type(cli.trainer.strategy) is strategy
     assert cli.trainer.accumulate_grad_batches == 40 // int(devices)
