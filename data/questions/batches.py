@@ -1,0 +1,80 @@
+"""The batches of `QuestionsDataModule`: the questions' prompts for training, and the held-out
+questions' choices for validation, each after its prompt."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+from ..chat.conversations import IGNORE_INDEX
+
+
+class Prompts(Dataset[tuple[torch.Tensor, int]]):
+    """Each question's prompt ids (P,) int64, and its index among the questions."""
+
+    def __init__(self, prompts: list[list[int]]) -> None:
+        self.prompts = prompts
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return torch.tensor(self.prompts[index]), index
+
+
+def pad_prompts(items: list[tuple[torch.Tensor, int]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """A batch of prompts: their ids (Q, P) padded on the right, their lengths (Q,), their indices (Q,)."""
+    lengths = torch.tensor([len(ids) for ids, _ in items])
+    ids = torch.full((len(items), int(lengths.max())), pad_id, dtype=torch.long)
+    for row, (prompt, _) in enumerate(items):
+        ids[row, : len(prompt)] = prompt
+    return ids, lengths, torch.tensor([index for _, index in items])
+
+
+class Choices(Dataset[tuple[list[list[int]], int, int]]):
+    """Each held-out question's prompt followed by each choice, the choice's length, and the label."""
+
+    def __init__(self, rows: list[tuple[list[list[int]], list[int], int, int]]) -> None:
+        self.rows = rows  # (prompt + choice ids per choice, choice lengths, label, kind)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> tuple[list[list[int]], list[int], int, int]:
+        return self.rows[index]
+
+
+def choice_batch(
+    items: list[tuple[list[list[int]], list[int], int, int]], pad_id: int
+) -> tuple[torch.Tensor, ...]:
+    """`(x, y, counts, labels, kinds)`: x (N, T) each question's prompt followed by one of its
+    choices, padded on the right; y (N, T) the next ids where they are the choice's, IGNORE_INDEX
+    elsewhere; counts (Q,) each question's choices (N in all), labels and kinds (Q,)."""
+    sequences = [(ids, n) for texts, lengths, _, _ in items for ids, n in zip(texts, lengths, strict=True)]
+    width = max(len(ids) for ids, _ in sequences) - 1
+    x = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    y = torch.full((len(sequences), width), IGNORE_INDEX, dtype=torch.long)
+    for row, (ids, n) in enumerate(sequences):
+        x[row, : len(ids) - 1] = torch.tensor(ids[:-1])
+        y[row, len(ids) - 1 - n : len(ids) - 1] = torch.tensor(ids[-n:])
+    counts, labels, kinds = ([item[i] for item in items] for i in range(1, 4))
+    return x, y, torch.tensor([len(c) for c in counts]), torch.tensor(labels), torch.tensor(kinds)
+
+
+class QuestionSampler(DistributedSampler):
+    """One rank's share of an epoch's questions, shuffled by ``(seed, epoch)``, resumable mid-epoch."""
+
+    def __init__(self, prompts: Prompts, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(prompts, num_replicas, rank, shuffle=True, seed=seed, drop_last=True)
+        self._start = 0
+
+    def start_at(self, position: int) -> None:
+        self._start = position
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._start = self._start, 0
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.dataset))
+        return iter(order[self.rank : self.total_size : self.num_replicas][start:].tolist())
