@@ -240,28 +240,33 @@ class LitGRPO(LitGPT):
 
     def on_validation_epoch_start(self) -> None:
         kinds = max(len(self.trainer.datamodule.kinds), 1)
-        self._val_counts = torch.zeros(kinds, 2, device=self.device)  # (right, asked) per kind
+        self._val_counts = torch.zeros(kinds, 3, device=self.device)  # right, right by acc_norm, asked
 
     def validation_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> None:
-        """Each question's choices scored by their log-likelihood after its prompt; the likeliest
-        is its answer (the first of equals, as lm-eval takes it)."""
-        x, y, counts, labels, kinds = batch
+        """Each question's choices scored by their log-likelihood after its prompt, and by that over
+        the choice's characters (lm-eval's acc and acc_norm); the likeliest is its answer (the
+        first of equals, as lm-eval takes it)."""
+        x, y, counts, chars, labels, kinds = batch
         scores = token_log_probs(self.model(x), y).sum(dim=1)  # (N,): each choice's log-likelihood
-        answers = torch.stack([s.argmax() for s in scores.split(counts.tolist())])
-        right = (answers == labels).float()
-        self._val_counts.index_add_(0, kinds, torch.stack([right, torch.ones_like(right)], dim=1))
+        right = []
+        for by in (scores, scores / chars):
+            answers = torch.stack([s.argmax() for s in by.split(counts.tolist())])
+            right.append((answers == labels).float())
+        counted = torch.stack([*right, torch.ones_like(right[0])], dim=1)
+        self._val_counts.index_add_(0, kinds, counted)
 
     def on_validation_epoch_end(self) -> None:
-        """Log `val_accuracy` over the held-out questions and `val_accuracy_<kind>` for each kind."""
+        """Log `val_accuracy` and `val_accuracy_norm` over the held-out questions, and with several
+        kinds, `val_accuracy_<kind>` and `val_accuracy_norm_<kind>` for each."""
         counts = self.trainer.strategy.reduce(self._val_counts, reduce_op="sum")
-        right, asked = counts.sum(dim=0)
-        if not asked:
-            return
-        self.log("val_accuracy", right / asked, prog_bar=True)
         kinds = self.trainer.datamodule.kinds
-        if len(kinds) > 1:
-            for kind, (right, asked) in zip(kinds, counts, strict=True):
-                self.log(f"val_accuracy_{kind}", right / asked)
+        rows = [("", counts.sum(dim=0))] + (
+            [(f"_{k}", c) for k, c in zip(kinds, counts, strict=True)] if len(kinds) > 1 else []
+        )
+        for suffix, (right, right_norm, asked) in rows:
+            if asked:
+                self.log(f"val_accuracy{suffix}", right / asked, prog_bar=not suffix)
+                self.log(f"val_accuracy_norm{suffix}", right_norm / asked, prog_bar=not suffix)
 
 
 @contextmanager

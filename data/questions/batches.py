@@ -4,6 +4,7 @@ questions' choices for validation, each after its prompt."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,34 +35,50 @@ def pad_prompts(items: list[tuple[torch.Tensor, int]], pad_id: int) -> tuple[tor
     return ids, lengths, torch.tensor([index for _, index in items])
 
 
-class Choices(Dataset[tuple[list[list[int]], int, int]]):
-    """Each held-out question's prompt followed by each choice, the choice's length, and the label."""
+@dataclass(frozen=True)
+class HeldOut:
+    """A held-out question as validation scores it."""
 
-    def __init__(self, rows: list[tuple[list[list[int]], list[int], int, int]]) -> None:
-        self.rows = rows  # (prompt + choice ids per choice, choice lengths, label, kind)
+    sequences: list[list[int]]
+    """The prompt's ids followed by each choice's."""
+    lengths: list[int]
+    """Each choice's ids."""
+    chars: list[int]
+    """Each choice's characters, by which lm-eval's acc_norm divides its log-likelihood."""
+    label: int
+    """The right choice."""
+    kind: int
+    """Its kind's index (`QuestionsDataModule.kinds`)."""
+
+
+class Choices(Dataset[HeldOut]):
+    """The held-out questions."""
+
+    def __init__(self, questions: list[HeldOut]) -> None:
+        self.questions = questions
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.questions)
 
-    def __getitem__(self, index: int) -> tuple[list[list[int]], list[int], int, int]:
-        return self.rows[index]
+    def __getitem__(self, index: int) -> HeldOut:
+        return self.questions[index]
 
 
-def choice_batch(
-    items: list[tuple[list[list[int]], list[int], int, int]], pad_id: int
-) -> tuple[torch.Tensor, ...]:
-    """`(x, y, counts, labels, kinds)`: x (N, T) each question's prompt followed by one of its
-    choices, padded on the right; y (N, T) the next ids where they are the choice's, IGNORE_INDEX
-    elsewhere; counts (Q,) each question's choices (N in all), labels and kinds (Q,)."""
-    sequences = [(ids, n) for texts, lengths, _, _ in items for ids, n in zip(texts, lengths, strict=True)]
+def choice_batch(items: list[HeldOut], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """`(x, y, counts, chars, labels, kinds)`: x (N, T) each question's prompt followed by one of
+    its choices, padded on the right; y (N, T) the next ids where they are the choice's,
+    IGNORE_INDEX elsewhere; counts (Q,) each question's choices (N in all); chars (N,) each
+    choice's characters; labels and kinds (Q,)."""
+    sequences = [(ids, n) for item in items for ids, n in zip(item.sequences, item.lengths, strict=True)]
     width = max(len(ids) for ids, _ in sequences) - 1
     x = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     y = torch.full((len(sequences), width), IGNORE_INDEX, dtype=torch.long)
     for row, (ids, n) in enumerate(sequences):
         x[row, : len(ids) - 1] = torch.tensor(ids[:-1])
         y[row, len(ids) - 1 - n : len(ids) - 1] = torch.tensor(ids[-n:])
-    counts, labels, kinds = ([item[i] for item in items] for i in range(1, 4))
-    return x, y, torch.tensor([len(c) for c in counts]), torch.tensor(labels), torch.tensor(kinds)
+    counts = torch.tensor([len(item.lengths) for item in items])
+    chars = torch.tensor([n for item in items for n in item.chars], dtype=torch.float32)
+    return x, y, counts, chars, torch.tensor([i.label for i in items]), torch.tensor([i.kind for i in items])
 
 
 class QuestionSampler(DistributedSampler):

@@ -26,7 +26,7 @@ from ..datamodule import loader_options
 from ..errors import DataError
 from ..loader import ResumableLoader
 from ..tokenizer import ChatTokenizer, tokenizer_from_spec, with_chat_tokens
-from .batches import Choices, Prompts, QuestionSampler, choice_batch, pad_prompts
+from .batches import Choices, HeldOut, Prompts, QuestionSampler, choice_batch, pad_prompts
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def check_question(row: dict[str, Any], where: str) -> None:
 
 class QuestionsDataModule(L.LightningDataModule):
     """Training batches `(prompts, lengths, indices)` (`pad_prompts`); validation batches
-    `(x, y, counts, labels, kinds)` (`choice_batch`). `question(i)` is the training row of index i, for
+    `(x, y, counts, chars, labels, kinds)` (`choice_batch`). `question(i)` is the training row of index i, for
     the reward; `kinds` names the kinds validation counts apart.
 
     Questions whose prompt leaves no room for an answer within the context are left out, and
@@ -178,15 +178,10 @@ class QuestionsDataModule(L.LightningDataModule):
             prompt = encoder.prompt_ids([{"role": "user", "content": row["instruction"]}])
             choices = [encoder.tokenizer.encode(choice) for choice in row["choices"]]
             # Cropped on the left as lm-eval's models crop: the choice whole, the prompt's start dropped.
-            texts = [(prompt + ids)[-(self.context_length + 1) :] for ids in choices]
-            scored.append(
-                (
-                    texts,
-                    [len(ids) for ids in choices],
-                    row["label"],
-                    self.kinds.index(str(row.get("kind", ""))),
-                )
-            )
+            sequences = [(prompt + ids)[-(self.context_length + 1) :] for ids in choices]
+            lengths, chars = [len(ids) for ids in choices], [len(choice) for choice in row["choices"]]
+            kind = self.kinds.index(str(row.get("kind", "")))
+            scored.append(HeldOut(sequences, lengths, chars, row["label"], kind))
         return Choices(scored)
 
     @property

@@ -271,16 +271,39 @@ def test_validation_scores_choices_as_the_harness_does(task: tuple[Path, Path]) 
     data.setup()
     torch.manual_seed(1)
     module.model = GPT(replace(SHAPE, vocab_size=data.tokenizer.n_vocab)).eval()
-    module._val_counts = torch.zeros(len(data.kinds), 2)
+    module._val_counts = torch.zeros(len(data.kinds), 3)
     for batch in data.val_dataloader():
         module.validation_step(batch, 0)
     lm = MiniGPTLM(module.model, data.tokenizer)
-    expected = torch.zeros(len(data.kinds), 2)
+    expected = torch.zeros(len(data.kinds), 3)
     for row in read_questions(str(task[1]), "test", None):  # all 24, in order (val_questions is 256)
         context = lm.apply_chat_template([{"role": "user", "content": row["instruction"]}])
         requests = [(None, *lm._encode_pair(context, choice)) for choice in row["choices"]]
         scores = [score for score, _ in lm._loglikelihood_tokens(requests)]
-        right = float(scores.index(max(scores)) == row["label"])
-        expected[data.kinds.index(row["kind"])] += torch.tensor([right, 1.0])
-    assert_identical(module._val_counts, expected, "right and asked, by kind")
-    assert 0 < expected[:, 0].sum() < 24  # a model that answers some right and some wrong
+        normed = [score / len(choice) for score, choice in zip(scores, row["choices"], strict=True)]
+        right = [float(s.index(max(s)) == row["label"]) for s in (scores, normed)]
+        expected[data.kinds.index(row["kind"])] += torch.tensor([*right, 1.0])
+    torch.testing.assert_close(module._val_counts, expected, atol=0, rtol=0)
+    assert 0 < expected[:, 0].sum() < 24 and 0 < expected[:, 1].sum() < 24  # some right, some wrong
+
+
+@pytest.mark.slow  # imports peft
+def test_under_lora_the_reference_is_the_network_with_its_adapters_off(task: tuple[Path, Path]) -> None:
+    from minigpt.checkpoints import load_model
+    from minigpt.training.config import LoRAConfig
+    from minigpt.training.lora import add_adapters
+
+    base, _ = load_model(task[0])
+    model, _ = load_model(task[0])
+    add_adapters(model, LoRAConfig(rank=2, alpha=4, dropout=0.0, targets=("W_query", "W_value")))
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(parameter)  # adapters that have trained
+    module = LitGRPO(gpt=SHAPE, lora=LoRAConfig(rank=2, alpha=4, dropout=0.0), rl=GRPOConfig(kl_coef=0.1))
+    module.model = model.train()
+    x = torch.randint(0, BASE.n_vocab, (2, 10))
+    with torch.no_grad(), module.reference() as reference:
+        assert torch.equal(reference(x), base(x))
+    assert module.model.training and not torch.allclose(module.model(x), base(x))  # the adapters back on
+    trainable = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
