@@ -29,7 +29,14 @@ from minigpt.training.profiler import QuietProfiler
 
 from .command import USER_ERRORS
 from .train_defaults import CALLBACK_ORDER, Callbacks, Loggers, by_name, check_names, parser_defaults
-from .train_parser import TrainParser, data_nulls_as_dicts, help_topic, ours_first
+from .train_parser import (
+    TrainParser,
+    class_path,
+    data_nulls_as_dicts,
+    help_topic,
+    model_class_named,
+    ours_first,
+)
 
 DEFAULT_RUN_DIR = "runs/default"
 _UNSET_CONTEXT = 987_654_321
@@ -41,6 +48,8 @@ class MiniGPTCLI(LightningCLI):
     `data` is any LightningDataModule, `datamodule_class` by default: a config that names none
     (`data: {config: ...}`) gets it, and one may pick another with `data.class_path` (configs/sft.yaml
     picks minigpt.data.ChatDataModule), its settings under `data.init_args` or straight under `data`.
+    `model` likewise is `model_class` or a subclass of it that `model.class_path` names
+    (configs/dpo.yaml: minigpt.training.dpo.LitDPO), its settings always straight under `model`.
     """
 
     def __init__(
@@ -50,6 +59,7 @@ class MiniGPTCLI(LightningCLI):
         **kwargs: Any,
     ) -> None:
         self.default_data_class = datamodule_class
+        model_class = model_class_named(list(kwargs.get("args") or []), model_class)
         super().__init__(model_class, L.LightningDataModule, subclass_mode_data=True, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -73,10 +83,16 @@ class MiniGPTCLI(LightningCLI):
             "follows from it, the micro-batch (data.config.batch_size x context) and the number of "
             "processes, so the optimisation is the same on any number of devices. null: as the trainer says.",
         )
+        parser.add_argument(
+            "--model.class_path",
+            type=str,
+            default=class_path(self.model_class),
+            help="The LightningModule that trains: minigpt.training.lit.LitGPT or a subclass of it.",
+        )
         data_class = self.default_data_class
         if isinstance(parser, TrainParser):
             parser.default_data_class = data_class
-        parser.set_defaults({"data": {"class_path": f"{data_class.__module__}.{data_class.__qualname__}"}})
+        parser.set_defaults({"data": {"class_path": class_path(data_class)}})
         parser.link_arguments("model.gpt.context_length", "data.init_args.context_length")
         # Defaults of the parser, not fallbacks in code, so --print_config shows them all.
         parser.set_defaults({"trainer.default_root_dir": DEFAULT_RUN_DIR, **parser_defaults()})
@@ -127,7 +143,8 @@ class MiniGPTCLI(LightningCLI):
     def planned_accumulation(self) -> str:
         config = self.config
         data = config.data.init_args
-        settings = data.get("conversations") or data.config  # ChatDataModule's or TextDataModule's
+        # ChatDataModule's, PreferenceDataModule's or TextDataModule's
+        settings = data.get("conversations") or data.get("pairs") or data.config
         return planned_accumulation(
             config.tokens_per_step,
             settings.batch_size,
@@ -154,6 +171,10 @@ class MiniGPTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config
+        # Named where model_class_named cannot see it (a YAML string given to --config or --model).
+        if config.model.get("class_path") != class_path(self.model_class):
+            raise UsageError("name model.class_path in a config file or with --model.class_path CLASS")
+        del config.model["class_path"]  # not a setting of the class: instantiate_classes puts it back
         if config.get("keep_freed_memory"):
             keep_freed_memory()  # before the model and data allocate anything
         trainer = config.trainer
@@ -196,6 +217,8 @@ class MiniGPTCLI(LightningCLI):
             if cause is None:
                 raise
             raise cause from None
+        finally:  # the saved config names the class, as --print_config does
+            self.config.model["class_path"] = class_path(self.model_class)
         if isinstance(self.trainer.strategy, FSDPStrategy | ModelParallelStrategy):
             if self.model.optim_config.optimizer == "muon":
                 raise UsageError(
@@ -207,13 +230,15 @@ class MiniGPTCLI(LightningCLI):
                     "model.lora trains on one device or with DDP: FSDP's sharded checkpoints are "
                     "neither merged nor written as adapters"
                 )
-        if isinstance(self.datamodule, ChatDataModule):
+        # Chat and preference data are read with the tokenizer of the weights they tune.
+        if (use_tokenizer := getattr(self.datamodule, "use_tokenizer", None)) is not None:
             if self.weights_tokenizer is None:
+                what = "chat" if isinstance(self.datamodule, ChatDataModule) else "this"
                 raise UsageError(
-                    "chat data fine-tunes trained weights, whose tokenizer reads it: set --model.init_from "
-                    "(a run folder, a checkpoint or GPT-2's weights)"
+                    f"{what} data fine-tunes trained weights, whose tokenizer reads it: set "
+                    "--model.init_from (a run folder, a checkpoint or GPT-2's weights)"
                 )
-            self.datamodule.use_tokenizer(self.weights_tokenizer)
+            use_tokenizer(self.weights_tokenizer)
         if (tokens := self.config.get("tokens_per_step")) is not None:
             data = self.datamodule
             apply_tokens_per_step(self.trainer, tokens, data.config.batch_size, data.context_length)

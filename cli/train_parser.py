@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+from pathlib import Path
 from typing import Any
 
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningArgumentParser
 
+from minigpt.common import UsageError
 from minigpt.training.lightning_internals import help_showing
 
 LIGHTNING_HELP = "trainer"
@@ -126,3 +130,42 @@ def ours_first(config: Namespace) -> Namespace:
     items = vars(config)
     order = sorted(items, key=lambda key: (is_lightnings(key), key not in ("model", "data")))
     return Namespace(**{key: items[key] for key in order})
+
+
+def model_class_named(args: list[str], default: type) -> type:
+    """The LightningModule `model.class_path` names in the config files and options of `args`
+    (the last one that names it wins, as jsonargparse lays them), `default` where none does.
+
+    Read before the parser is built, since the class's signature is what `model:` accepts: the
+    settings stay straight under `model:` (no `init_args`), as in a config that names no class.
+    `args` hold the config files as paths (`resolve_config_args`)."""
+    named: str | None = None
+    for i, arg in enumerate(args):
+        option, _, value = arg.partition("=")
+        if not value and i + 1 < len(args):
+            value = args[i + 1]
+        if option == "--config" and value and Path(value).is_file():
+            config = yaml.safe_load(Path(value).read_text(encoding="utf-8"))
+            model = config.get("model") if isinstance(config, dict) else None
+            if isinstance(model, dict) and model.get("class_path"):
+                named = model["class_path"]
+        elif option == "--model.class_path" and value:
+            named = value
+    if named is None or named == class_path(default):
+        return default
+    module_name, _, name = str(named).rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_name), name, None) if module_name else None
+    except ImportError:
+        found = None
+    if not (isinstance(found, type) and issubclass(found, default)):
+        raise UsageError(
+            f"model.class_path {named} is not a subclass of {class_path(default)} "
+            "(give its full import path, such as minigpt.training.dpo.LitDPO)"
+        )
+    return found
+
+
+def class_path(cls: type) -> str:
+    """The import path a config names `cls` by."""
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -10,6 +11,7 @@ import yaml
 from minigpt.cli.command import CONFIG_DIRS, resolve_config_args
 from minigpt.cli.train import help_topic, train_main
 from minigpt.common import UsageError
+from minigpt.training.lit import LitGPT
 
 from .helpers import parse
 
@@ -140,6 +142,36 @@ def test_help_topic(args: list[str], expected: tuple[list[str], str | None]) -> 
     assert help_topic(args) == expected
 
 
+class LitProbe(LitGPT):
+    """A LitGPT subclass with a setting of its own, as a config may name one."""
+
+    def __init__(self, *args: Any, probe: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.probe = probe
+
+
+def test_model_class_path_picks_a_litgpt_subclass_with_its_own_settings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    name = f"{__name__}.LitProbe"
+    cli = parse("--config", "tiny.yaml", "--model.class_path", name, "--model.probe", "3")
+    assert type(cli.model) is LitProbe and cli.model.probe == 3 and cli.model.gpt_config.n_layer == 2
+    assert type(parse("--config", "tiny.yaml").model) is LitGPT  # a config that names none
+    raw = yaml.safe_load((REPO / "configs" / "tiny.yaml").read_text())
+    raw["model"] |= {"class_path": name, "probe": 5}  # settings straight under model:, as without it
+    config = tmp_path / "probe.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    cli = parse("--config", str(config))
+    assert type(cli.model) is LitProbe and cli.model.probe == 5
+    with pytest.raises(SystemExit):  # the printed config names the class, so it runs again as it is
+        train_main(["--config", str(config), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)["model"]
+    assert printed["class_path"] == name and printed["probe"] == 5 and printed["gpt"]["n_layer"] == 2
+    with pytest.raises(SystemExit):
+        train_main(["--config", "tiny.yaml", "--print_config"])
+    assert yaml.safe_load(capsys.readouterr().out)["model"]["class_path"] == "minigpt.training.lit.LitGPT"
+
+
 def test_a_config_without_a_run_folder_prints_and_uses_the_default_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -173,6 +205,14 @@ def test_a_config_without_a_run_folder_prints_and_uses_the_default_one(
         (
             ["--config", "tiny.yaml", "--trainer.gradient_clip_val", "0.5"],
             "set gradient clipping with --model.optim.grad_clip, not --trainer.gradient_clip_val",
+        ),
+        (
+            ["--config", "tiny.yaml", "--model.class_path", "minigpt.data.TextDataModule"],
+            "model.class_path minigpt.data.TextDataModule is not a subclass of minigpt.training.lit.LitGPT",
+        ),
+        (
+            ["--config", "tiny.yaml", "--model.class_path", "minigpt.training.NoSuchModule"],
+            "model.class_path minigpt.training.NoSuchModule is not a subclass",
         ),
     ],
 )
