@@ -1,8 +1,8 @@
 """Text data for minigpt: corpora, tokenizers, prepared token files and the LightningDataModule.
 
-`TextDataModule` and `ChatDataModule` are imported on first use: they need Lightning, which the
-commands that only read a model (generate, export, visualize, evaluate, serve) would otherwise
-import at start-up.
+`TextDataModule`, `ChatDataModule` and `PreferenceDataModule` are imported on first use: they need
+Lightning, which the commands that only read a model (generate, export, visualize, evaluate,
+serve) would otherwise import at start-up.
 """
 
 from typing import Any
@@ -36,6 +36,7 @@ __all__ = [
     "DataConfig",
     "DataError",
     "GPT2Tokenizer",
+    "PreferenceDataModule",
     "PreparedData",
     "ResumableLoader",
     "Segment",
@@ -62,4 +63,8 @@ def __getattr__(name: str) -> Any:
         from .chat.datamodule import ChatDataModule
 
         return ChatDataModule
+    if name == "PreferenceDataModule":
+        from .preference.datamodule import PreferenceDataModule
+
+        return PreferenceDataModule
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

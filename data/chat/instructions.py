@@ -93,14 +93,14 @@ def row_messages(row: dict[str, Any], where: str) -> Messages:
     )
 
 
-def _tables(corpus: Corpus) -> list[tuple[str, Callable[[], Iterable[dict[str, Any]]]]]:
+def _tables(corpus: Corpus, what: str) -> list[tuple[str, Callable[[], Iterable[dict[str, Any]]]]]:
     """``(name, rows)`` of each file of a local corpus, or of the hub dataset; ``rows`` opens it."""
     import datasets
 
     if corpus.hub_dataset is not None:
         return [(corpus.description, lambda: corpus.hub_dataset)]
     if corpus.builder not in ("json", "parquet"):
-        raise DataError(f"{corpus.description} is not instruction or chat data (.jsonl, .json, .parquet)")
+        raise DataError(f"{corpus.description} is not {what} (.jsonl, .json, .parquet)")
     return [
         (
             str(path),
@@ -113,19 +113,24 @@ def _tables(corpus: Corpus) -> list[tuple[str, Callable[[], Iterable[dict[str, A
     ]
 
 
-def read_conversations(
-    source: str, split: str = "train", subset: str | None = None, streaming: bool = False
-) -> Iterator[Conversation]:
-    """Every row of ``source`` as a conversation, in order, read lazily.
+def read_rows(
+    source: str,
+    split: str = "train",
+    subset: str | None = None,
+    streaming: bool = False,
+    what: str = "instruction or chat data",
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every row of ``source`` with where it is (``"<file>, row <n>"``), in order, read lazily.
 
     Args:
         source: A ``.jsonl``/``.json``/``.parquet`` file or folder, or a hub dataset name.
         split: Split of a hub dataset.
         subset: Named configuration of a hub dataset.
         streaming: Stream a hub dataset rather than download it whole.
+        what: What the rows are, for the message about a source of another kind.
 
     Raises:
-        DataError: The source cannot be found or read, or a row is not instruction or chat data.
+        DataError: The source cannot be found or read, or holds no rows.
     """
     try:
         corpus = resolve_corpus(source, split=split, subset=subset, streaming=streaming)
@@ -134,11 +139,11 @@ def read_conversations(
             raise DataError(f"{err}: `python play_questions.py` writes the questions on the plays") from None
         raise
     seen = 0
-    for name, rows in _tables(corpus):
+    for name, rows in _tables(corpus, what):
         number = 0
         try:
             for number, row in enumerate(rows(), start=1):
-                yield Conversation(f"{name}, row {number}", row_messages(row, f"{name}, row {number}"))
+                yield f"{name}, row {number}", row
         except DataError:
             raise
         except Exception as error:  # datasets and pyarrow raise many kinds for a malformed file
@@ -147,3 +152,15 @@ def read_conversations(
         seen += number
     if seen == 0:
         raise DataError(f"{corpus.description} has no rows")
+
+
+def read_conversations(
+    source: str, split: str = "train", subset: str | None = None, streaming: bool = False
+) -> Iterator[Conversation]:
+    """Every row of ``source`` as a conversation, in order, read lazily (``read_rows``' arguments).
+
+    Raises:
+        DataError: The source cannot be found or read, or a row is not instruction or chat data.
+    """
+    for where, row in read_rows(source, split, subset, streaming):
+        yield Conversation(where, row_messages(row, where))
