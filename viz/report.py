@@ -82,19 +82,23 @@ def final_figures(log: RunLog) -> list[tuple[str, str]]:
             else []
         )
 
+    preference = "rewards/margins" in log.metrics  # a DPO run: its loss is no next-token loss
     if val is not None and len(val.values):
         best = int(np.nanargmin(val.values)) if np.isfinite(val.values).any() else len(val.values) - 1
         rows += [
             ("final val loss", f"{val.values[-1]:.4f} at step {val.steps[-1]:,}"),
-            ("final val perplexity", perplexity(-1)),
+            *([] if preference else [("final val perplexity", perplexity(-1))]),
             *bits_per_byte(-1),
             ("best val loss", f"{val.values[best]:.4f} at step {val.steps[best]:,}"),
-            ("best val perplexity", perplexity(best)),
+            *([] if preference else [("best val perplexity", perplexity(best))]),
             *bits_per_byte(best),
         ]
     train = log.metrics.get("train_loss")
     if train is not None:
         rows.append(("last train loss", f"{train.values[-1]:.4f} at step {train.steps[-1]:,}"))
+    for name, series in log.metrics.items():  # LitDPO's rewards, under TRL's names
+        if name.startswith(("rewards/", "val_rewards/")) and len(series.values):
+            rows.append((name, f"{series.values[-1]:.4f} at step {series.steps[-1]:,}"))
     for name, series in log.metrics.items():  # EvaluateTasks: lm-eval figures, and what they cost
         if name.startswith("eval/") and name != "eval/seconds" and len(series.values):
             rows.append((name.removeprefix("eval/"), f"{series.values[-1]:.4f} at step {series.steps[-1]:,}"))

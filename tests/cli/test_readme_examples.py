@@ -15,8 +15,8 @@ main job, the cli tests each entry point's work):
 - `curl` to the server: its JSON is a request the server's own model accepts;
 - `hf download`: the `hf` command is installed; what it would fetch is stood in for by GPT-2 124M's
   `config.json`, all a fine-tune's options need to parse. Likewise the run a command fine-tunes
-  (`runs/small`, which `small.yaml` writes) is stood in for by a checkpoint that describes a model
-  and holds no weights.
+  (`runs/small` and `runs/sft`, which `small.yaml` and `sft.yaml` write) is stood in for by a
+  checkpoint that describes a model and holds no weights.
 
 Commands for GPUs, several nodes or a hub download are checked the same way: parsing needs neither.
 A command no rule knows fails, so a new kind of command needs a check here.
@@ -231,7 +231,8 @@ def test_every_command_of_readme_and_the_guides_is_valid_as_written(
         folder = tmp_path / download[download.index("--local-dir") + 1]
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(GPT2_124M))
-    stand_in_run(tmp_path / "runs" / "small")
+    for run in ("small", "sft"):  # what small.yaml and sft.yaml write, which sft.yaml and dpo.yaml read
+        stand_in_run(tmp_path / "runs" / run)
     match command:
         case ["python", "-m", "pytest", *args]:
             check_pytest(args, request.config)
