@@ -17,8 +17,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, ParallelStrategy, SingleDeviceStrategy
+from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultMetric
 
 # -- the trainer and its loops ------------------------------------------------------------------
 
@@ -143,6 +145,33 @@ def gradients_kept_local(trainer: L.Trainer, keep: bool) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def logged_values_stay_put() -> None:
+    """Make `self.log` leave a logged value's store alone when it is already on the value's device.
+
+    Lightning keeps each name's logged values in a `_ResultMetric` and calls its `to(value.device)`
+    at every `self.log`. That `to` walks every attribute of the metric, torchmetrics' bookkeeping
+    included, through `apply_to_collection`, and costs several times the rest of the call whether
+    or not anything moves (docs/results/loop.md). Relies on `_ResultMetric` (in Lightning's
+    `logger_connector.result`), its `to`, `is_tensor`, `meta.is_mean_reduction` and the tensor
+    states `value` and `cumulated_batch_size`. A store that holds a Metric, or any tensor of which
+    is elsewhere, moves as before. Installed once per process. Tested on Lightning 2.6.6.
+    """
+    if getattr(_ResultMetric.to, "stays_put", False):
+        return
+    move = _ResultMetric.to
+
+    def to(self: _ResultMetric, *args: Any, **kwargs: Any) -> _ResultMetric:
+        device = args[0] if len(args) == 1 and not kwargs else None
+        if self.is_tensor and isinstance(device, torch.device):
+            states = [self.value, self.cumulated_batch_size] if self.meta.is_mean_reduction else [self.value]
+            if all(state.device == device for state in states):
+                return self
+        return move(self, *args, **kwargs)
+
+    to.stays_put = True  # type: ignore[attr-defined]
+    _ResultMetric.to = to  # type: ignore[method-assign]
 
 
 # -- callbacks ----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from minigpt.training.lightning_internals import (
     gradients_kept_local,
     help_showing,
     keep_stopped_epoch_open,
+    logged_values_stay_put,
     logging_step,
     optimize_manually,
     save_last_checkpoint,
@@ -295,3 +296,36 @@ def test_carry_step_count_resumes_an_automatic_checkpoint_at_its_step_under_manu
     before = repr(checkpoint["loops"])
     carry_step_count(checkpoint, manual=True)
     assert repr(checkpoint["loops"]) == before
+
+
+def test_logged_values_stay_put_skips_the_walk_and_keeps_every_value(tmp_path: Path, monkeypatch) -> None:
+    from lightning.pytorch.trainer.connectors.logger_connector import result
+
+    logged_values_stay_put()
+    logged_values_stay_put()  # once is enough: a second call wraps nothing again
+    walks = []
+    walk = result.apply_to_collection
+    monkeypatch.setattr(result, "apply_to_collection", lambda *a, **k: walks.append(1) or walk(*a, **k))
+
+    class Logs(BoringModel):
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            self.log("step_value", float(batch_idx))  # on_step only
+            self.log("epoch_mean", torch.tensor(float(batch_idx)), on_step=False, on_epoch=True)
+            return super().training_step(batch, batch_idx)
+
+    trainer = make_trainer(tmp_path, max_steps=4)
+    trainer.fit(Logs())
+    assert trainer.callback_metrics["step_value"] == 3.0
+    assert trainer.callback_metrics["epoch_mean"] == 1.5  # the mean of 0, 1, 2 and 3
+    # Only each store's first `to` walks it (two names), not each of the eight calls.
+    assert len(walks) <= 2 + 2
+
+
+def test_a_logged_store_on_another_device_still_moves() -> None:
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric
+
+    logged_values_stay_put()
+    store = _ResultMetric(_Metadata(fx="training_step", name="x", on_step=False, on_epoch=True), True)
+    store.to(torch.device("cpu"))  # where it is: nothing to do
+    store.to(torch.device("meta"))  # this machine's other device: every state goes
+    assert store.value.device.type == store.cumulated_batch_size.device.type == "meta"
