@@ -204,3 +204,19 @@ def test_a_dpo_model_loads_and_exports_as_an_sft_model_does(straight: Path, tmp_
     assert read_back.spec() == tokenizer.spec()
     with torch.no_grad():
         torch.testing.assert_close(exported.eval()(x), model.eval()(x))
+
+
+@pytest.mark.slow  # trains through train.py
+def test_under_lora_the_reference_is_the_model_with_its_adapters_off(
+    files: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run = tmp_path / "lora"
+    lora = ["--model.lora", '{"rank": 4, "targets": ["W_query", "W_value"]}', "--trainer.max_steps", "2"]
+    assert train_main(dpo_args(files, run, *lora)) == 0
+    # B starts at zero: the adapted model is the weights it started from, which scored the reference.
+    assert float(step_losses(run)[0]) == pytest.approx(math.log(2), abs=1e-6)
+    reference = last_checkpoint(run)[REFERENCE_KEY]["train"]
+    assert reference.shape == (36, 2) and (reference < 0).all()
+    assert (run / "adapter" / "adapter_config.json").is_file()
