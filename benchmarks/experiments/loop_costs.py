@@ -3,6 +3,7 @@
 
     python benchmarks/experiments/loop_costs.py empty    # Lightning's loop around an empty step
     python benchmarks/experiments/loop_costs.py split    # train.py at the micro shape, its parts timed
+    python benchmarks/experiments/loop_costs.py log      # one self.log call, with and without the wrapper
 
 `empty` fits a one-parameter module whose step does nothing, with 15 callbacks that do nothing,
 for 3,000 steps, four ways taking turns in fresh processes: automatic or manual optimization, with
@@ -10,6 +11,8 @@ Lightning's default profiler or `QuietProfiler`; it prints the milliseconds a st
 `split` runs train.py in this process at step_overhead.py's micro shape in fp32 with the functions
 that make up a step wrapped in timers, and prints each one's milliseconds a step (wrapped calls
 nest: the training step holds the backward, which holds the callbacks' backward hooks).
+`log` times `self.log` in a step that does nothing else (four values a step, 2,000 steps), in
+fresh processes taking turns, with `logged_values_stay_put` installed and without it.
 """
 
 from __future__ import annotations
@@ -71,6 +74,43 @@ def empty(optimization: str, profiler: str) -> float:
     return (ends.at[-1] - ends.at[49]) / (len(ends.at) - 50) * 1e3
 
 
+def log_call(stays_put: bool) -> float:
+    """Microseconds of one `self.log` call in a step that does nothing else."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader
+
+    from minigpt.training.lightning_internals import logged_values_stay_put
+    from minigpt.training.profiler import QuietProfiler
+
+    if stays_put:
+        logged_values_stay_put()
+    spent = [0.0]
+
+    class Logs(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any, batch_idx: int) -> None:
+            self.optimizers().step()  # a step, which max_steps counts
+            start = time.perf_counter()
+            for name in ("a", "b", "c", "d"):
+                self.log(name, torch.tensor(1.5))
+            spent[0] += time.perf_counter() - start
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD([self.w], lr=0.0)
+
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=2000, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, profiler=QuietProfiler(),
+    )  # fmt: skip
+    trainer.fit(Logs(), DataLoader([torch.zeros(1)] * 2000, batch_size=None))
+    return spent[0] / (2000 * 4) * 1e6
+
+
 def split() -> None:
     import torch
     from lightning.pytorch.core.module import LightningModule
@@ -118,6 +158,21 @@ def main() -> None:
     what = sys.argv[1] if len(sys.argv) > 1 else "empty"
     if what == "split":
         split()
+    elif what == "log-one":
+        print(log_call(sys.argv[2] == "on"))
+    elif what == "log":
+        print("| self.log | us a call (3 rounds) |\n|---|---|")
+        times: dict[str, list[float]] = {"with logged_values_stay_put": [], "without": []}
+        for r in range(3):
+            for way in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                out = subprocess.run(
+                    [sys.executable, __file__, "log-one", way], capture_output=True, text=True
+                )
+                times["with logged_values_stay_put" if way == "on" else "without"].append(
+                    float(out.stdout.strip().splitlines()[-1])
+                )
+        for way, values in times.items():
+            print(f"| {way} | {', '.join(f'{v:.0f}' for v in values)} |")
     elif what == "empty-one":
         print(empty(sys.argv[2], sys.argv[3]))
     else:
