@@ -25,9 +25,9 @@ def test_there_are_configs() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    # Their shape comes from weights: test_finetune.py, tests/training/test_sft.py, test_lora.py
-    # and test_dpo.py.
-    [p for p in CONFIGS if p.name not in ("finetune.yaml", "sft.yaml", "lora.yaml", "dpo.yaml")],
+    # Their shape comes from weights: test_finetune.py, tests/training/test_sft.py, test_lora.py,
+    # test_dpo.py and test_rl.py.
+    [p for p in CONFIGS if p.name not in ("finetune.yaml", "sft.yaml", "lora.yaml", "dpo.yaml", "rl.yaml")],
     ids=lambda p: p.name,
 )
 def test_every_config_parses_into_typed_objects(path: Path) -> None:

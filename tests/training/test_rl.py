@@ -33,7 +33,7 @@ from minigpt.training.grpo import (
 from minigpt.training.rewards import named_choice, play_choice, reward_function
 from minigpt.training.rl import GRPOConfig, LitGRPO
 
-from .helpers import BASE, assert_identical
+from .helpers import BASE, assert_identical, read_metrics
 
 SHAPE = GPTConfig(vocab_size=BASE.n_vocab, context_length=64, n_layer=2, n_head=2, n_embd=32)
 DIGITS = "tests.training.test_rl:digit_share"
@@ -307,3 +307,44 @@ def test_under_lora_the_reference_is_the_network_with_its_adapters_off(task: tup
     assert module.model.training and not torch.allclose(module.model(x), base(x))  # the adapters back on
     trainable = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
     assert trainable and all("lora_" in name for name in trainable)
+
+
+def rl_args(task: tuple[Path, Path], run: Path, *extra: str) -> list[str]:
+    weights, questions = task
+    return [
+        "--config", "rl.yaml", "--model.init_from", str(weights),
+        "--data.questions.source", str(questions), "--data.questions.val_source", str(questions),
+        "--data.questions.kinds", "null", "--data.questions.batch_size", "4",
+        "--model.rl.answers_per_question", "3", "--model.rl.max_new_tokens", "4",
+        "--trainer.max_steps", "2", "--trainer.val_check_interval", "2", "--trainer.log_every_n_steps", "1",
+        "--trainer.precision", "32-true", "--trainer.accelerator", "cpu",
+        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(run), *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.slow  # trains through train.py
+def test_rl_yaml_trains_through_train_py(
+    task: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from minigpt.checkpoints import load_model
+    from minigpt.cli.train import train_main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert train_main(rl_args(task, tmp_path / "bad", "--model.rl.reward", "exactly")) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "no reward is named 'exactly'" in line and "play_choice" in line
+    assert train_main(rl_args(task, tmp_path / "run")) == 0
+    logged = read_metrics(tmp_path / "run")
+    assert {"train_reward", "train_loss", "answer_tokens", "val_accuracy", "val_accuracy_norm"} <= set(
+        logged[0]
+    )
+    assert {"val_accuracy_count", "val_accuracy_say"} <= set(logged[0])  # each kind apart
+    assert sorted((tmp_path / "run" / "checkpoints").iterdir()) == [
+        tmp_path / "run" / "checkpoints" / "last.ckpt"
+    ]
+    model, tokenizer = load_model(tmp_path / "run")  # what chat.py, serve.py and export.py read
+    assert tokenizer.n_vocab == model.config.vocab_size == BASE.n_vocab + 4
