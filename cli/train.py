@@ -182,6 +182,15 @@ def train_main(args: Sequence[str] | None = None) -> int:
             if (code := _stopped_at_once(cli.trainer)) is None:
                 raise
             return code
+        except RuntimeError as err:
+            if not _peer_gone(cli.trainer, err):
+                raise
+            # Another rank ended first (rank 0 on a failed save says why in its own line).
+            print(
+                f"error: rank {cli.trainer.global_rank} stopped: another process of the run ended",
+                file=sys.stderr,
+            )
+            return 1
         except WriteError as err:  # mid-run: the checkpoints written before it stay
             if newest_checkpoint(out_dir / "checkpoints") is None:
                 return report(err)
@@ -211,6 +220,16 @@ def train_main(args: Sequence[str] | None = None) -> int:
             )
         return 128 + stopper.received
     return 0
+
+
+PEER_GONE = re.compile(r"Connection (closed|reset) by peer|remote worker|NCCL communicator was aborted")
+"""What torch.distributed raises in a rank whose peer process has exited (gloo, NCCL)."""
+
+
+def _peer_gone(trainer: L.Trainer, err: RuntimeError) -> bool:
+    """Whether `err`, raised in a rank other than 0 of a run on several processes, says that
+    another process of the run went away, rather than something of this rank's own."""
+    return trainer.world_size > 1 and not trainer.is_global_zero and bool(PEER_GONE.search(str(err)))
 
 
 def _stopped_at_once(trainer: L.Trainer) -> int | None:

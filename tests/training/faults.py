@@ -121,3 +121,14 @@ class _FillingFile:
 
     def flush(self) -> None:
         self.f.flush()
+
+
+class FullDiskAtSave(L.Callback):
+    """`FailingSaveAt` in a launched run: the `nth` checkpoint this process writes (from 1) meets a
+    full disk. Under DDP only rank 0 writes checkpoints."""
+
+    def __init__(self, nth: int) -> None:
+        self.nth = nth
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        torch.save = FailingSaveAt(self.nth)

@@ -15,7 +15,7 @@ from minigpt.cli.train import train_main
 from minigpt.common import sha256_file
 from minigpt.training.callbacks.checkpoints import AtomicCheckpointIO, CheckpointWriteError
 
-from .conftest import tiny_args
+from .conftest import DDP, FAULTS, launch, tiny_args
 from .faults import FailingSaveAt
 from .helpers import step_losses
 
@@ -269,3 +269,21 @@ def test_a_run_whose_checkpoints_will_not_fit_says_so_before_its_first_step(
     (warning,) = [r.getMessage() for r in caplog.records if "the first save will fail" in r.getMessage()]
     estimate = float(re.search(r"\(2 of about ([\d.]+) MB", warning)[1]) * 1e6
     assert abs(estimate - size) <= 0.15 * size, (estimate, size)  # the estimate is the checkpoint's size
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_ddp_ends_every_rank_in_one_line_each(corpus: Path, tmp_path: Path) -> None:
+    # Rank 0 writes the checkpoints; its third (best.ckpt at step 8) meets a full disk while rank 1
+    # waits for it. Rank 1 must not wait for DDP's timeout, nor print the collective's traceback.
+    full_disk = (f"--trainer.callbacks+={FAULTS}.FullDiskAtSave", "--trainer.callbacks.nth=3")
+    launched = launch(corpus, tmp_path, *DDP, *VALIDATED, *full_disk, timeout=120)
+    stderr = launched.result.stderr
+    assert launched.result.returncode == 1, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    checkpoints = launched.run / "checkpoints"
+    rank_0, rank_1 = sorted(errors)
+    assert rank_0.startswith(f"error: cannot write checkpoint {checkpoints / 'best.ckpt'}: no space left")
+    assert rank_0.endswith("resume from it with the same command and --ckpt_path last")
+    assert rank_1 == "error: rank 1 stopped: another process of the run ended"
+    assert torch.load(checkpoints / "best.ckpt", weights_only=True)["global_step"] == 4
