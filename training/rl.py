@@ -137,7 +137,8 @@ class LitGRPO(LitGPT):
         questions = [prompt[:length] for prompt, length in zip(prompts, lengths.tolist(), strict=True)]
         answers = self.sample(questions, generator)  # each question's group, in order
         data = trainer.datamodule
-        texts = [data.tokenizer.decode([i for i in a.tolist() if i not in self.stop_ids]) for a in answers]
+        stop_ids = self.stop_ids
+        texts = [data.tokenizer.decode([i for i in a.tolist() if i not in stop_ids]) for a in answers]
         group = self.rl.answers_per_question
         rows = [data.question(int(i)) for i in indices for _ in range(group)]
         rewards = torch.tensor([self.reward(text, row) for text, row in zip(texts, rows, strict=True)])
