@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import platform
+import statistics
 import time
 from typing import Any
 
@@ -32,19 +33,36 @@ def _onednn_bf16() -> bool:
         return True
 
 
-def product_speed(dtype: torch.dtype, size: int = 512, calls: int = 5) -> float:
-    """Products per second of two (size x size) matrices in `dtype` on this CPU, the best of `calls`
-    after one untimed call: a few milliseconds."""
+def product_speeds(
+    dtypes: tuple[torch.dtype, ...], size: int = 512, rounds: int = 15, pause: float = 0.01
+) -> list[float]:
+    """Products per second of two (size x size) matrices in each of `dtypes` on this CPU, relative
+    to the first dtype's: the median over `rounds` of one product in each, back to back, with a
+    `pause` between rounds (a fifth of a second in all). Other work on the machine comes in
+    bursts; a burst slows one round's products alike, and the median leaves out the rounds a burst
+    began in the middle of."""
     generator = torch.Generator().manual_seed(0)
-    a = torch.randn(size, size, generator=generator).to(dtype)
-    b = torch.randn(size, size, generator=generator).to(dtype)
-    a @ b  # oneDNN's kernel choice and buffers
-    best = float("inf")
-    for _ in range(calls):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 1.0 / best
+    pairs = []
+    for dtype in dtypes:
+        a = torch.randn(size, size, generator=generator).to(dtype)
+        b = torch.randn(size, size, generator=generator).to(dtype)
+        a @ b  # oneDNN's kernel choice and buffers
+        pairs.append((a, b))
+    ratios: list[list[float]] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a thread that waits for another one, busy elsewhere, would time that wait
+    try:
+        for _ in range(rounds):
+            seconds = []
+            for a, b in pairs:
+                start = time.perf_counter()
+                a @ b
+                seconds.append(time.perf_counter() - start)
+            ratios.append([seconds[0] / s for s in seconds])
+            time.sleep(pause)
+    finally:
+        torch.set_num_threads(threads)
+    return [statistics.median(r[i] for r in ratios) for i in range(len(dtypes))]
 
 
 CPU_BF16 = "MINIGPT_CPU_BF16"
@@ -62,7 +80,8 @@ def bf16_gain() -> float:
         return 0.0
     if told == "1":
         return float("inf")
-    return product_speed(torch.bfloat16) / product_speed(torch.float32)
+    bf16, fp32 = product_speeds((torch.bfloat16, torch.float32))
+    return bf16 / fp32
 
 
 def _cpu_has_bf16() -> bool:

@@ -96,12 +96,12 @@ def test_a_cpu_trains_in_bf16_only_where_it_measures_faster(
     expected: str,
     said: str | None,
 ) -> None:
-    def speed(dtype: torch.dtype) -> float:
+    def speeds(dtypes: tuple[torch.dtype, ...]) -> list[float]:
         assert onednn, "a CPU without bf16 is not measured"
-        return bf16_speed if dtype == torch.bfloat16 else 1.0
+        return [bf16_speed if dtype == torch.bfloat16 else 1.0 for dtype in dtypes]
 
     monkeypatch.setattr(precision, "_onednn_bf16", lambda: onednn)
-    monkeypatch.setattr(precision, "product_speed", speed)
+    monkeypatch.setattr(precision, "product_speeds", speeds)
     precision.bf16_gain.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="minigpt"):
@@ -123,7 +123,7 @@ def test_the_environment_can_overrule_the_measurement(
 ) -> None:
     monkeypatch.setenv(precision.CPU_BF16, told)
     monkeypatch.setattr(precision, "_onednn_bf16", lambda: True)
-    monkeypatch.setattr(precision, "product_speed", lambda dtype: pytest.fail("measured though told"))
+    monkeypatch.setattr(precision, "product_speeds", lambda dtypes: pytest.fail("measured though told"))
     precision.bf16_gain.cache_clear()
     try:
         assert precision.resolve_precision("bf16-mixed", "cpu") == expected
