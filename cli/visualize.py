@@ -6,13 +6,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from minigpt.checkpoints import load_model
 from minigpt.common import UsageError, WriteError, safe_write
-from minigpt.viz.attention import MAX_TOKENS, attention_figures, figure_to_png, seed_example_figure
+from minigpt.viz.attention import MAX_TOKENS, attention_pngs, figure_to_png, seed_example_figure
 
 from .command import USER_ERRORS, options_parser, parse_options, report
 
@@ -86,11 +85,14 @@ def visualize_main(args: Sequence[str] | None = None) -> int:
     )
     try:
         (opts,) = parse_options(parser, args, VisualizeOptions)
-        figures = {"seed_example": seed_example_figure()} if opts.seed_example else model_figures(opts)
+        if opts.seed_example:
+            pngs = {"seed_example": figure_to_png(seed_example_figure(), dpi=opts.dpi)}
+        else:
+            pngs = model_pngs(opts)
         out = Path(opts.out) if opts.out is not None else default_out(opts.checkpoint)
         if out.exists() and not out.is_dir():
             raise UsageError(f"--out must be a folder; {out} is a file")
-        paths = {name: out / f"{name}.png" for name in figures}
+        paths = {name: out / f"{name}.png" for name in pngs}
         taken = [path for path in paths.values() if path.exists()]
         if taken and not opts.force:
             # The folder may hold a user's own files of these names: never replace them unasked.
@@ -102,7 +104,7 @@ def visualize_main(args: Sequence[str] | None = None) -> int:
     try:
         for name, path in paths.items():
             with safe_write(path, option="--out") as tmp:
-                tmp.write_bytes(figure_to_png(figures[name], dpi=opts.dpi))
+                tmp.write_bytes(pngs[name])
             print(path)
     except (WriteError, OSError) as err:  # OSError: another, such as an --out under a file
         return report(err)
@@ -117,11 +119,8 @@ def default_out(checkpoint: str | None) -> Path:
     return Path("attention")
 
 
-def model_figures(opts: VisualizeOptions) -> dict[str, Any]:
-    """The attention maps (matplotlib Figures) of `opts.prompt` under the model `opts.checkpoint`
-    names, by file name."""
-    # Not annotated with Figure under TYPE_CHECKING: jsonargparse runs such blocks of the module
-    # that defines VisualizeOptions, which would import matplotlib (~0.4 s) for --help.
+def model_pngs(opts: VisualizeOptions) -> dict[str, bytes]:
+    """The attention maps of `opts.prompt` under the model `opts.checkpoint` names, as PNGs by file name."""
     assert opts.checkpoint is not None and opts.prompt is not None  # checked in __post_init__
     device = ("cuda" if torch.cuda.is_available() else "cpu") if opts.device == "auto" else opts.device
     model, tokenizer = load_model(opts.checkpoint, device=device, tokenizer_path=opts.tokenizer_path)
@@ -131,11 +130,12 @@ def model_figures(opts: VisualizeOptions) -> dict[str, Any]:
             f"warning: the prompt has {tokens} tokens; only its last {context} fit the context",
             file=sys.stderr,
         )
-    return attention_figures(
+    return attention_pngs(
         model,
         tokenizer,
         opts.prompt,
         layers=opts.layer_indices(),
         per_head=opts.per_head,
         max_tokens=opts.max_tokens,
+        dpi=opts.dpi,
     )

@@ -1,10 +1,11 @@
 """Attention maps: heatmaps of a model's attention weights, tokens on both axes.
 
-Everything draws on `matplotlib.figure.Figure` objects with the Agg canvas and never touches
-pyplot, so nothing needs a display or leaves global state behind, and a training callback can
-draw while the loop runs. Rows are queries (the position attending), columns keys (the position
-attended to). The cells a causal model may not look at, above the diagonal, are masked and drawn
-white, so they read as empty rather than as a weight of 0, which the colour map draws dark.
+Rows are queries (the position attending), columns keys (the position attended to). The cells a
+causal model may not look at, above the diagonal, are masked and drawn white, so they read as
+empty rather than as a weight of 0, which the colour map draws dark. The maps are drawn by
+`heatmap.py` straight into pixels; the matplotlib figure here is its reference and draws the
+seed example, whose weights are written in the cells (with the Agg canvas, never pyplot, so
+nothing needs a display or leaves global state behind).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from minigpt.common import UsageError
 from minigpt.data import Tokenizer
 from minigpt.model import GPT, MultiHeadAttention
 
+from .heatmap import colour_scale, crop, heatmap_png, tick_points
+
 if TYPE_CHECKING:  # matplotlib (~0.3 s) is imported where a figure is drawn; the server only labels tokens
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -28,8 +31,6 @@ if TYPE_CHECKING:  # matplotlib (~0.3 s) is imported where a figure is drawn; th
 
 MAX_TOKENS = 64
 """Most tokens drawn per axis; a longer context shows its last MAX_TOKENS positions."""
-COLORMAP = "viridis"
-"""Weight 0 is dark here, so it never looks like a masked (white) cell."""
 VISIBLE = {"\n": "⏎", "\r": "␍", "\t": "⇥", " ": "␣"}
 """Characters a tick label would show as nothing, and what it shows instead."""
 
@@ -69,20 +70,6 @@ def causal_masked(weights: np.ndarray | torch.Tensor) -> np.ma.MaskedArray:
     return np.ma.masked_array(data, mask=np.triu(np.ones(data.shape, dtype=bool), k=1))
 
 
-def head_figure(
-    weights: np.ndarray | torch.Tensor,
-    labels: Sequence[str],
-    *,
-    title: str = "",
-    annotate: bool = False,
-    max_tokens: int = MAX_TOKENS,
-    layout_of: Figure | None = None,
-) -> Figure:
-    """One head's weights (T, T) as a heatmap; `annotate` writes each weight in its cell.
-    `layout_of`: see `layer_figure`."""
-    return _grid([("", weights)], labels, title, annotate, max_tokens, layout_of)
-
-
 def layer_figure(
     weights: np.ndarray | torch.Tensor,
     labels: Sequence[str],
@@ -90,86 +77,41 @@ def layer_figure(
     title: str = "",
     annotate: bool = False,
     max_tokens: int = MAX_TOKENS,
-    layout_of: Figure | None = None,
 ) -> Figure:
-    """One layer's weights (n_head, T, T) as a grid with a panel per head, titled "head h".
+    """One layer's weights (n_head, T, T) as a matplotlib figure with a panel per head, titled
+    "head h"; `annotate` writes each weight in its cell.
 
-    `layout_of`, a figure drawn by this function for as many heads, the same labels and a title of
-    as many lines, lends its layout: the panels take its places instead of running the layout
-    solver again. The solver measures every tick label and costs as much as drawing the figure."""
-    panels = [(f"head {h}", w) for h, w in enumerate(weights)]
-    return _grid(panels, labels, title, annotate, max_tokens, layout_of)
-
-
-def fix_layout(fig: Figure) -> Figure:
-    """Lay `fig` out once, now, and keep those places: drawing it no longer runs the layout solver,
-    and the figure can lend its layout (`layer_figure`'s `layout_of`)."""
-    engine = fig.get_layout_engine()
-    if engine is not None:
-        engine.execute(fig)
-        fig.set_layout_engine("none")
-    return fig
-
-
-def _grid(
-    panels: list[tuple[str, np.ndarray | torch.Tensor]],
-    labels: Sequence[str],
-    title: str,
-    annotate: bool,
-    max_tokens: int,
-    layout_of: Figure | None = None,
-) -> Figure:
+    The picture `heatmap.heatmap_png` draws in a fraction of the time, which the maps use; this one
+    is its reference and draws the seed example, whose weights are written in the cells."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    t = len(labels)
-    shown = min(t, max_tokens)
-    if shown < t:
-        # Rows of the last tokens still put weight on the cropped ones, so their cells no longer
-        # sum to 1: say so where the reader looks.
-        title = f"{title}\nlast {shown} of {t} tokens; weight on earlier ones not drawn".strip()
-    cols = math.ceil(math.sqrt(len(panels)))
-    rows = math.ceil(len(panels) / cols)
+    keep, title = crop(labels, title, max_tokens)
+    shown = len(labels[keep])
+    cols = math.ceil(math.sqrt(len(weights)))
+    rows = math.ceil(len(weights) / cols)
     # Inches per panel: about 13 pt a cell at 64 tokens; written weights need wider cells.
     panel = max(5.0 if annotate else 3.5, 0.18 * shown)
-    size = (cols * panel + 1.5, rows * panel + 1.0)
-    fig = Figure(figsize=size, layout="constrained" if layout_of is None else None)
+    fig = Figure(figsize=(cols * panel + 1.5, rows * panel + 1.0), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, (name, weights) in zip(axes, panels, strict=False):
-        image = _draw_head(ax, causal_masked(weights)[-shown:, -shown:], labels[-shown:], annotate)
-        ax.set_title(name)
-    for ax in axes[len(panels) :]:
+    for h, (ax, head) in enumerate(zip(axes, weights, strict=False)):
+        image = _draw_head(ax, causal_masked(head)[keep, keep], labels[keep], annotate)
+        ax.set_title(f"head {h}")
+    for ax in axes[len(weights) :]:
         ax.set_visible(False)
-    fig.colorbar(image, ax=list(axes[: len(panels)]), shrink=0.6, label="attention weight")
+    fig.colorbar(image, ax=list(axes[: len(weights)]), shrink=0.6, label="attention weight")
     if title:
         fig.suptitle(title)
-    if layout_of is not None:
-        _take_layout(fig, layout_of)
     return fig
-
-
-def _take_layout(fig: Figure, like: Figure) -> None:
-    """Put `fig`'s axes (the panels, then the colour bar) and title where `like` has them."""
-    if tuple(fig.get_size_inches()) != tuple(like.get_size_inches()) or len(fig.axes) != len(like.axes):
-        raise ValueError("layout_of must be a figure of the same size and panels")
-    for ax, model in zip(fig.axes, like.axes, strict=True):
-        ax.set_position(model.get_position(original=False), which="both")
-    if fig._suptitle is not None and like._suptitle is not None:  # constrained layout moves it too
-        fig._suptitle.set_position(like._suptitle.get_position())
 
 
 def _draw_head(ax: Axes, weights: np.ma.MaskedArray, labels: Sequence[str], annotate: bool) -> AxesImage:
     """Draw (T, T) masked weights on `ax`; the image, for the colour bar."""
-    from matplotlib import colormaps
-    from matplotlib.colors import PowerNorm
-
     t = len(labels)
-    font = max(6.0, min(10.0, 400 / t))  # 10 pt up to 40 tokens, 6 pt from 67 on
-    cmap = colormaps[COLORMAP].with_extremes(bad="white")
-    # One fixed scale for every panel, so colours compare across heads and layers; the square
-    # root spreads the small weights a long context is made of.
-    image = ax.imshow(weights, cmap=cmap, norm=PowerNorm(0.5, vmin=0.0, vmax=1.0), interpolation="nearest")
+    font = tick_points(t)
+    cmap, norm = colour_scale()
+    image = ax.imshow(weights, cmap=cmap, norm=norm, interpolation="nearest")
     # Characters fit a column as they are; longer tokens need upright labels in long contexts and
     # read better slanted in short ones.
     if max(map(len, labels)) <= 2:
@@ -213,7 +155,7 @@ def select_layers(n_layer: int, layers: Sequence[int] | None) -> list[int]:
     return chosen
 
 
-def attention_figures(
+def attention_pngs(
     model: GPT,
     tokenizer: Tokenizer,
     prompt: str,
@@ -221,21 +163,22 @@ def attention_figures(
     layers: Sequence[int] | None = None,
     per_head: bool = False,
     max_tokens: int = MAX_TOKENS,
-) -> dict[str, Figure]:
-    """The attention maps of `prompt`: "layer{i}" grids, and "layer{i}_head{h}" with `per_head`.
+    dpi: float = 100,
+) -> dict[str, bytes]:
+    """The attention maps of `prompt` as PNGs: "layer{i}" grids, and "layer{i}_head{h}" with `per_head`.
 
     A prompt longer than the model's context is cropped to its last `context_length` tokens, as
     the model would see it. Raises UsageError for an empty prompt or a layer the model lacks, and
     the tokenizer's DataError for text it cannot encode.
     """
     weights, labels = attention_of(model, tokenizer, prompt, layers=layers)
-    return draw_attention(weights, labels, prompt, per_head=per_head, max_tokens=max_tokens)
+    return draw_attention(weights, labels, prompt, per_head=per_head, max_tokens=max_tokens, dpi=dpi)
 
 
 def attention_of(
     model: GPT, tokenizer: Tokenizer, prompt: str, *, layers: Sequence[int] | None = None
 ) -> tuple[dict[int, np.ndarray], list[str]]:
-    """What `attention_figures` draws, computed and not drawn: the weights (n_head, T, T) of the
+    """What `attention_pngs` draws, computed and not drawn: the weights (n_head, T, T) of the
     chosen layers, by layer, in fp32 on the host, and one label per token."""
     if prompt == "":
         raise UsageError("the prompt is empty: pass the text whose attention to draw")
@@ -253,26 +196,24 @@ def draw_attention(
     *,
     per_head: bool = False,
     max_tokens: int = MAX_TOKENS,
-) -> dict[str, Figure]:
-    """`attention_figures` from what `attention_of` computed. Needs no model and no torch, so it
-    can run in another process."""
-    figures = {}
-    # Every layer's grid has the same panels, labels and title lines, and so does every head's
-    # figure: the first of each is laid out and lends its places to the others.
-    grid = single = None
+    dpi: float = 100,
+) -> dict[str, bytes]:
+    """`attention_pngs` from what `attention_of` computed. Needs no model and no torch, so it can
+    run in another process."""
+    pngs = {}
     for layer, heads in weights.items():  # heads: (n_head, T, T)
         title = (
             f'layer {layer}: attention over "{visible_token(prompt[:40])}{"…" if len(prompt) > 40 else ""}"'
         )
-        figure = layer_figure(heads, labels, title=title, max_tokens=max_tokens, layout_of=grid)
-        grid = grid or fix_layout(figure)
-        figures[f"layer{layer}"] = figure
-        for h in range(heads.shape[0]) if per_head else ():
-            title = f"layer {layer}, head {h}"
-            figure = head_figure(heads[h], labels, title=title, max_tokens=max_tokens, layout_of=single)
-            single = single or fix_layout(figure)
-            figures[f"layer{layer}_head{h}"] = figure
-    return figures
+        keep, title = crop(labels, title, max_tokens)
+        shown = [w[keep, keep] for w in heads]
+        pngs[f"layer{layer}"] = heatmap_png(
+            [(f"head {h}", w) for h, w in enumerate(shown)], labels[keep], title, dpi=dpi
+        )
+        for h, w in enumerate(shown if per_head else ()):
+            _, title = crop(labels, f"layer {layer}, head {h}", max_tokens)
+            pngs[f"layer{layer}_head{h}"] = heatmap_png([("", w)], labels[keep], title, dpi=dpi)
+    return pngs
 
 
 def seed_example() -> tuple[torch.Tensor, torch.Tensor]:

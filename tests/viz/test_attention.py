@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import struct
+import time
 from pathlib import Path
 
 import matplotlib.image
@@ -11,30 +12,29 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.axes import Axes
-from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
-from matplotlib.layout_engine import ConstrainedLayoutEngine
+from PIL import Image
 from torch.testing import assert_close
 
 from minigpt.cli.visualize import visualize_main
 from minigpt.common import UsageError
 from minigpt.data import CharTokenizer
 from minigpt.model import GPT, GPTConfig, MultiHeadAttention
-from minigpt.viz import attention as attention_module
+from minigpt.training.callbacks.dashboard import AttentionMaps
 from minigpt.viz.attention import (
-    COLORMAP,
     SEED_INPUTS,
     SEED_WORDS,
-    attention_figures,
+    attention_of,
+    attention_pngs,
+    draw_attention,
     figure_to_png,
-    fix_layout,
-    head_figure,
     layer_figure,
     seed_example,
     seed_example_figure,
     select_layers,
     visible_token,
 )
+from minigpt.viz.heatmap import Layout, colour_scale, crop, heatmap_png, layout
 
 from ..checkpoints.helpers import model as model  # noqa: F401  (the fixture)
 from ..checkpoints.helpers import write_checkpoint
@@ -64,93 +64,172 @@ def tiny_model() -> GPT:
     return GPT(config).eval()
 
 
+def softmaxed(heads: int, tokens: int, seed: int = 0) -> torch.Tensor:
+    """Causal attention weights (heads, T, T) of random scores."""
+    torch.manual_seed(seed)
+    scores = torch.randn(heads, tokens, tokens) * 2
+    return scores.masked_fill(torch.ones(tokens, tokens, dtype=torch.bool).triu(1), -torch.inf).softmax(-1)
+
+
+def pixels(png: bytes) -> np.ndarray:
+    """(H, W, 3) colours in 0..1."""
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB")) / 255
+
+
+def expected_colour(weight: float) -> np.ndarray:
+    cmap, norm = colour_scale()
+    return np.array(cmap(norm(weight))[:3])
+
+
+def cell_colours(png: bytes, plan: Layout, panel: int, size: int) -> np.ndarray:
+    """(T, T, 3) the colour in the middle of each cell of a panel."""
+    image = pixels(png)
+    return np.array([[image[plan.centre(panel, i, j)[::-1]] for j in range(size)] for i in range(size)])
+
+
 @pytest.mark.parametrize("dpi", [50, 100])
-def test_pngs_are_valid_images_of_the_figures_size(dpi: int) -> None:
-    fig = head_figure(torch.eye(5), list("abcde"))
-    png = figure_to_png(fig, dpi=dpi)
+def test_pngs_are_valid_images_of_their_layouts_size(dpi: int) -> None:
+    png = heatmap_png([("", torch.eye(5).numpy())], list("abcde"), "t", dpi=dpi)
     width, height = png_size(png)
-    assert (width, height) == tuple(round(v * dpi) for v in fig.get_size_inches())
-    assert matplotlib.image.imread(io.BytesIO(png)).shape == (height, width, 4)
+    assert (width, height) == layout([""], list("abcde"), "t", dpi=dpi).size
+    assert matplotlib.image.imread(io.BytesIO(png)).shape[:2] == (height, width)
+    seed = seed_example_figure()  # matplotlib's, for the worked example
+    assert png_size(figure_to_png(seed, dpi=dpi)) == tuple(round(v * dpi) for v in seed.get_size_inches())
 
 
 def test_heatmaps_hold_the_models_attention_weights() -> None:
     model = tiny_model()
-    figures = attention_figures(model, TOKENIZER, PROMPT, per_head=True)
-    assert list(figures) == [f"layer{i}{s}" for i in (0, 1) for s in ("", "_head0", "_head1", "_head2")]
+    pngs = attention_pngs(model, TOKENIZER, PROMPT, per_head=True)
+    assert list(pngs) == [f"layer{i}{s}" for i in (0, 1) for s in ("", "_head0", "_head1", "_head2")]
     weights = model.attention_weights(torch.tensor([TOKENIZER.encode(PROMPT)]))
-    upper = np.triu(np.ones((len(PROMPT), len(PROMPT)), dtype=bool), k=1)
+    labels = [visible_token(c) for c in PROMPT]
+    t = len(PROMPT)
+    upper = np.triu(np.ones((t, t), dtype=bool), k=1)
     for layer in (0, 1):
-        panels = heads(figures[f"layer{layer}"])
-        assert [ax.get_title() for ax in panels] == ["head 0", "head 1", "head 2"]
+        heads = weights[layer][0].numpy()
+        title = f'layer {layer}: attention over "{visible_token(PROMPT)}"'
+        panels = [(f"head {h}", heads[h]) for h in range(3)]
+        assert pngs[f"layer{layer}"] == heatmap_png(panels, labels, title)
+        plan = layout(["head 0", "head 1", "head 2"], labels, title)
         for h in range(3):
-            for ax in (panels[h], heads(figures[f"layer{layer}_head{h}"])[0]):
-                data = ax.images[0].get_array()
-                assert np.array_equal(np.ma.getmaskarray(data), upper)  # masked: drawn blank
-                drawn = torch.from_numpy(data.filled(0.0)).float()
-                assert_close(drawn, weights[layer][0, h], rtol=0, atol=1e-7)
-                assert_close(drawn.sum(-1), torch.ones(len(PROMPT)))
+            drawn = cell_colours(pngs[f"layer{layer}"], plan, h, t)
+            assert (drawn[upper] == 1).all()  # masked: white
+            want = np.array([[expected_colour(w) for w in row] for row in heads[h]])
+            assert_close(drawn[~upper], want[~upper], atol=0.02, rtol=0)
+            assert pngs[f"layer{layer}_head{h}"] == heatmap_png(
+                [("", heads[h])], labels, f"layer {layer}, head {h}"
+            )
 
 
-def test_figures_that_borrow_the_first_ones_layout_draw_the_same_pixels(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    model = tiny_model()
-    lent = attention_figures(model, TOKENIZER, PROMPT, per_head=True)
-    solvers = [fig.get_layout_engine() for fig in lent.values()]
-    assert not any(isinstance(engine, ConstrainedLayoutEngine) for engine in solvers)  # none runs it again
-    monkeypatch.setattr(attention_module, "fix_layout", lambda fig: None)  # each lays itself out
-    own = attention_figures(model, TOKENIZER, PROMPT, per_head=True)
-    assert own.keys() == lent.keys() and len(lent) == 2 + 2 * 3
-    for name in lent:
-        assert figure_to_png(lent[name]) == figure_to_png(own[name]), name
-
-
-def test_a_figure_lends_its_layout_only_to_one_of_its_size_and_panels() -> None:
-    weights = torch.eye(4).expand(3, 4, 4)
-    like = fix_layout(layer_figure(weights, list("abcd"), title="one"))
-    assert figure_to_png(layer_figure(weights, list("abcd"), title="two", layout_of=like))
-    with pytest.raises(ValueError, match="same size and panels"):
-        layer_figure(weights[:2], list("abcd"), title="two", layout_of=like)
+def test_a_cells_colour_follows_the_one_scale_and_masked_cells_are_white() -> None:
+    # Weight 1 on the diagonal, 0 below it: below and above differ only in being masked.
+    png = heatmap_png([("", np.eye(4))], list("abcd"), "")
+    colours = cell_colours(png, layout([""], list("abcd"), ""), 0, 4)
+    assert (colours[0, 3] == 1).all() and (colours[np.triu_indices(4, 1)] == 1).all()
+    assert_close(colours[3, 0], expected_colour(0.0), atol=0.01, rtol=0)
+    assert np.abs(colours[3, 0] - 1).max() > 0.5  # a zero weight is dark, never white
+    # Any weight, in any panel, takes the same colour: viridis through PowerNorm(0.5) on 0..1.
+    steps = [0.0, 0.003, 0.01, 0.04, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0]
+    grid = np.zeros((len(steps), len(steps)))
+    grid[np.arange(len(steps)), np.arange(len(steps))] = steps
+    panels = [("a", grid), ("b", grid[::-1, ::-1].copy())]  # the same weights elsewhere
+    labels = list("abcdefghijkl")
+    png = heatmap_png(panels, labels, "scale")
+    plan = layout(["a", "b"], labels, "scale")
+    for p, (_, weights) in enumerate(panels):
+        drawn = cell_colours(png, plan, p, len(steps))
+        for i in range(len(steps)):
+            for j in range(i + 1):
+                assert_close(drawn[i, j], expected_colour(weights[i, j]), atol=0.02, rtol=0)
 
 
 def test_both_axes_show_each_token_with_whitespace_made_visible() -> None:
-    fig = attention_figures(tiny_model(), TOKENIZER, PROMPT, layers=[0])["layer0"]
+    weights, labels = attention_of(tiny_model(), TOKENIZER, PROMPT, layers=[0])
     expected = ["t", "o", "␣", "b", "e", ",", "⏎", "o", "r", "␣", "n", "o", "t"]
-    for ax in heads(fig):
-        assert [t.get_text() for t in ax.get_xticklabels()] == expected
-        assert [t.get_text() for t in ax.get_yticklabels()] == expected
+    assert labels == expected
+    plan = layout(["head 0", "head 1", "head 2"], labels, "title")
+    side = plan.cell * len(labels)
+    for x, y in plan.origins:
+        beside = [
+            t
+            for t in plan.texts
+            if x - plan.cell < t.x + t.mask.shape[1] <= x
+            and y <= t.y < y + side
+            and t.mask.shape[0] <= plan.cell
+        ]
+        below = [
+            t
+            for t in plan.texts
+            if x <= t.x < x + side and y + side < t.y < y + side + plan.cell and t.mask.shape[1] <= plan.cell
+        ]
+        assert [t.text for t in sorted(beside, key=lambda t: t.y)] == expected
+        assert [t.text for t in sorted(below, key=lambda t: t.x)] == expected
+        assert all(t.mask.max() > 127 for t in beside + below)  # each has ink
     assert (
         visible_token(" the\t") == "␣the⇥" and visible_token("\x00") == "\\x00" and visible_token("") == "∅"
     )
 
 
-def test_masked_cells_are_blank_while_a_zero_weight_is_coloured() -> None:
-    # Weight 1 on the diagonal, 0 below it: below and above differ only in being masked.
-    fig = head_figure(torch.eye(4), list("abcd"))
-    fig.canvas.draw()
-    pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3] / 255
-    (ax,) = heads(fig)
-
-    def colour(row: int, col: int) -> np.ndarray:
-        x, y = ax.transData.transform((col, row))
-        return pixels[pixels.shape[0] - int(round(y)), int(round(x))]
-
-    assert_close(colour(0, 3), np.ones(3), atol=0.01, rtol=0)  # above the diagonal: white
-    zero = np.array(to_rgb(matplotlib.colormaps[COLORMAP](0.0)))
-    assert_close(colour(3, 0), zero, atol=0.02, rtol=0)
-    assert np.abs(colour(3, 0) - 1).max() > 0.5
+@pytest.mark.parametrize(
+    "labels",
+    [
+        [visible_token(c) for c in AttentionMaps().prompt],  # characters: upright, one a column
+        ["ROM", "EO", ":", "⏎", "What", "␣light", "␣through", "␣y", "onder", "␣window", "␣breaks", "?"],
+        [f"␣tok{i}" for i in range(64)],  # long labels in a long context: turned upright
+    ],
+    ids=["characters", "words", "long"],
+)
+def test_labels_neither_overlap_nor_leave_the_image(labels: list[str]) -> None:
+    names = [f"head {h}" for h in range(4)]
+    plan = layout(names, labels, "layer 0: a title\nand a second line")
+    width, height = plan.size
+    inked = np.zeros((height, width), dtype=int)
+    side = plan.cell * len(labels)
+    for x, y in plan.origins:
+        inked[y - 1 : y + side + 1, x - 1 : x + side + 1] += 1  # the cells and their frame
+    for text in plan.texts:
+        h, w = text.mask.shape
+        assert 0 <= text.x and text.x + w <= width and 0 <= text.y and text.y + h <= height, text.text
+        inked[text.y : text.y + h, text.x : text.x + w] += text.mask > 64
+    assert inked.max() == 1
+    assert {"head 0", "head 3", "attention weight", "0.0", "1.0", "and a second line"} <= {
+        t.text for t in plan.texts
+    }
 
 
 def test_a_long_context_shows_its_last_tokens_and_says_so() -> None:
-    torch.manual_seed(0)
-    scores = torch.randn(2, 80, 80).masked_fill(torch.ones(80, 80, dtype=torch.bool).triu(1), -torch.inf)
-    weights = scores.softmax(-1)
+    weights = softmaxed(2, 80).numpy()
     labels = [f"t{i}" for i in range(80)]
-    fig = layer_figure(weights, labels, title="long", max_tokens=64)
-    for h, ax in enumerate(heads(fig)):
-        assert_close(torch.from_numpy(ax.images[0].get_array().filled(0.0)).float(), weights[h, 16:, 16:])
+    keep, title = crop(labels, "long", 64)
+    assert labels[keep] == labels[16:]
+    assert title == "long\nlast 64 of 80 tokens; weight on earlier ones not drawn"
+    assert crop(labels, "short", 80) == (slice(0, None), "short")
+    png = draw_attention({0: weights}, labels, "p", max_tokens=64)["layer0"]
+    title = 'layer 0: attention over "p"\nlast 64 of 80 tokens; weight on earlier ones not drawn'
+    assert png == heatmap_png([(f"head {h}", w[16:, 16:]) for h, w in enumerate(weights)], labels[16:], title)
+    plan = layout(["head 0", "head 1"], labels[16:], title)
+    assert "last 64 of 80 tokens; weight on earlier ones not drawn" in [t.text for t in plan.texts]
+    drawn = cell_colours(png, plan, 1, 64)
+    assert_close(drawn[63, 0], expected_colour(weights[1, 79, 16]), atol=0.02, rtol=0)
+    reference = layer_figure(weights, labels, title="long", max_tokens=64)  # matplotlib's: the same crop
+    assert reference.get_suptitle() == crop(labels, "long", 64)[1]
+    for h, ax in enumerate(heads(reference)):
+        assert_close(ax.images[0].get_array().filled(0.0), weights[h, 16:, 16:].astype(np.float64))
         assert [t.get_text() for t in ax.get_yticklabels()] == labels[16:]
-    assert "last 64 of 80 tokens" in fig.get_suptitle()
+
+
+def test_the_maps_at_the_baby_shape_cost_a_fraction_of_a_cpu_second() -> None:
+    # 4 layers of 4 heads over the default prompt, one token a character: what a run at nanoGPT's
+    # "baby" shape draws after each validation. matplotlib's figures took ~6 CPU-seconds.
+    prompt = AttentionMaps().prompt
+    labels = [visible_token(c) for c in prompt]
+    weights = {layer: softmaxed(4, len(labels), seed=layer).numpy() for layer in range(4)}
+    start = time.process_time()
+    pngs = draw_attention(weights, labels, prompt)
+    seconds = time.process_time() - start
+    assert list(pngs) == ["layer0", "layer1", "layer2", "layer3"]
+    assert all(png_size(png)[0] > 1000 for png in pngs.values())
+    assert seconds < 1.5, f"{seconds:.2f} CPU-seconds for 4 layers"
 
 
 def test_layers_are_chosen_by_index_counting_from_either_end() -> None:

@@ -15,7 +15,7 @@ from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel
 
 from minigpt.common import appending, available_cores, reporting_write_failures, safe_write
 from minigpt.model import GPT, generate
-from minigpt.viz.attention import attention_of, draw_attention, figure_to_png
+from minigpt.viz.attention import attention_of, draw_attention
 from minigpt.viz.report import write_run_report
 
 from ..config import SampleConfig
@@ -163,9 +163,9 @@ class AttentionMaps(_Shown):
     The latest maps are kept as `<run>/attention/layer{i}.png` (the run report shows them) and
     logged to wandb as images, so the dashboard shows how the heads change as the model learns.
     Draws on rank 0 only. The weights are computed when validation ends (one forward pass of the
-    prompt); drawing them takes matplotlib seconds, as long as hundreds of training steps of a
-    small model, so by default it happens in a forked process while training goes on, and the run
-    waits for the last drawing before it ends, so the run report shows the final maps.
+    prompt); they are drawn straight into pixels (`viz/heatmap.py`), by default in a forked process
+    while training goes on, and the run waits for the last drawing before it ends, so the run
+    report shows the final maps.
     """
 
     def __init__(
@@ -189,8 +189,8 @@ class AttentionMaps(_Shown):
         folder = Path(trainer.default_root_dir) / ATTENTION_DIR
         with reporting_write_failures(folder):
             folder.mkdir(parents=True, exist_ok=True)
-        # The layers shared among as many jobs as there are cores: matplotlib draws on one core,
-        # and after the last validation the run waits for the drawing.
+        # The layers shared among as many jobs as there are cores: each draws on one core, and
+        # after the last validation the run waits for the drawing.
         jobs = min(len(weights), available_cores())
         shares = [list(weights)[i::jobs] for i in range(jobs)]
         self.start(
@@ -208,10 +208,10 @@ class AttentionMaps(_Shown):
 def _draw_pngs(weights: dict[int, Any], labels: list[str], prompt: str, folder: Path) -> list[Path]:
     """Draw the layers' grids into `folder` as `layer{i}.png`, each written atomically."""
     paths = []
-    for name, figure in draw_attention(weights, labels, prompt).items():
+    for name, png in draw_attention(weights, labels, prompt).items():
         paths.append(folder / f"{name}.png")
         with safe_write(paths[-1]) as tmp:
-            tmp.write_bytes(figure_to_png(figure))
+            tmp.write_bytes(png)
     return paths
 
 
