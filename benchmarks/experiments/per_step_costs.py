@@ -4,7 +4,7 @@ with the rotation as one autograd node or two.
 
     python benchmarks/experiments/per_step_costs.py logging --steps 300  # train.py, baby shape, calls timed
     python benchmarks/experiments/per_step_costs.py qk_node --case baby   # the node against earlier forms
-    python benchmarks/experiments/per_step_costs.py maps --case char      # the maps drawn at each validation
+    python benchmarks/experiments/per_step_costs.py maps --case baby      # the maps drawn at each validation
 
 `logging` runs train.py in this process with `LightningModule.log` timed, and prints how many calls
 the run made and what they cost. `qk_node` times training steps of a config's recipe (and their
@@ -13,10 +13,10 @@ half at a time; in bf16 it computes in fp32 and rounds once), as QK-norm's own n
 (`attention.rms_normalise`, its fp32 gradient written out; `F.rms_norm` in bf16) followed by the
 rotation, as before the node, and in fp32 also as the node rotating the full width (x * cos +
 swap_halves(x) * sin, as it did before), taking turns in one process; the fastest step of each is
-compared. All run in the precision train.py would choose on this CPU. `maps` times what
-`AttentionMaps` does after each validation (every layer's grid for its prompt, as PNGs) at a
-config's shape, with the first grid lending its layout to the others as shipped and with each grid
-laid out by itself as before, taking turns, and checks that the two draw the same pixels.
+compared. All run in the precision train.py would choose on this CPU. `maps` times, in CPU
+seconds, what `AttentionMaps` does after each validation (every layer's grid for its prompt, as
+PNGs) at a config's shape: drawn into pixels as shipped (`viz/heatmap.py`) and as matplotlib
+figures (`attention.layer_figure`, each laid out by its solver), taking turns.
 """
 
 from __future__ import annotations
@@ -129,32 +129,29 @@ def maps_cost(case: str, rounds: int) -> None:
     torch.manual_seed(0)
     model = GPT(GPTConfig(**{**gpt, "vocab_size": len(set(prompt))})).eval()
 
-    def draw() -> list[bytes]:
-        return [maps.figure_to_png(f) for f in maps.attention_figures(model, tokenizer, prompt).values()]
+    weights, labels = maps.attention_of(model, tokenizer, prompt)
 
-    shipped = maps.fix_layout
+    def direct() -> list[bytes]:
+        return list(maps.draw_attention(weights, labels, prompt).values())
 
-    def each_alone(fig: Any) -> None:
-        return None  # no figure lends its layout: each runs the layout solver, as before
+    def matplotlib() -> list[bytes]:
+        title = f'attention over "{maps.visible_token(prompt[:40])}"'
+        figures = [maps.layer_figure(w, labels, title=f"layer {n}: {title}") for n, w in weights.items()]
+        return [maps.figure_to_png(f) for f in figures]
 
-    ways = {"layout lent": shipped, "each laid out": each_alone}
+    ways = {"pixels (shipped)": direct, "matplotlib": matplotlib}
     fastest = dict.fromkeys(ways, float("inf"))
-    pngs = {}
     for r in range(rounds):
         for name in list(ways)[r % 2 :] + list(ways)[: r % 2]:
-            maps.fix_layout = ways[name]
-            start = time.perf_counter()
-            pngs[name] = draw()
-            fastest[name] = min(fastest[name], time.perf_counter() - start)
-    maps.fix_layout = shipped
-    same = pngs["layout lent"] == pngs["each laid out"]
+            start = time.process_time()
+            pngs = ways[name]()
+            fastest[name] = min(fastest[name], time.process_time() - start)
     print(
-        f"{case}: {gpt['n_layer']} layers x {gpt['n_head']} heads, {len(prompt)} tokens; fastest of {rounds}"
+        f"{case}: {gpt['n_layer']} layers x {gpt['n_head']} heads, {len(labels)} tokens; fastest of {rounds}"
     )
     for name, seconds in fastest.items():
-        print(f"  {name}: {seconds:.2f} s for {len(pngs[name])} PNGs")
-    ratio = fastest["each laid out"] / fastest["layout lent"]
-    print(f"  each laid out / layout lent: {ratio:.2f}; the same pixels: {same}")
+        print(f"  {name}: {seconds:.3f} CPU-s for {len(pngs)} PNGs")
+    print(f"  matplotlib / pixels: {fastest['matplotlib'] / fastest['pixels (shipped)']:.1f}")
 
 
 class _FullWidthNode(torch.autograd.Function):
