@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""README's fine-tuning table: a base model, full SFT and LoRA on the held-out play questions of
+"""README's fine-tuning table: a base model, full SFT, LoRA, DPO and RL on the held-out play questions of
 both kinds (who speaks these lines, which line comes next).
 
 Runs the commands README gives, one after the other on this machine, and times each one from
@@ -10,7 +10,9 @@ ones it waited for, as the kernel counts it):
    and hold both kinds)
 2. `python train.py --config small.yaml` (only with `--train_base`; else `--base` is a run)
 3. `python train.py --config sft.yaml` and `--config lora.yaml` from that run, on the questions
-4. `python evaluate.py --tasks play_speakers,play_next_line` on each of the three
+4. `python train.py --config dpo.yaml` and `--config rl.yaml` from the SFT run (not with
+   `--skip_past_sft`)
+5. `python evaluate.py --tasks play_speakers,play_next_line` on each of them
 
 and writes one Markdown table naming the CPU, a column for each task. Each model is scored on the
 900 questions of each kind on the six plays that fine-tuning never sees; chance is 25%. Speakers
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", type=Path, default=Path("runs/small"), help="the pretrained run folder")
     p.add_argument("--train_base", action="store_true", help="train --base with small.yaml first")
     p.add_argument("--out", type=Path, default=Path("chat-table"), help="folder of logs and the table")
+    p.add_argument("--skip_past_sft", action="store_true", help="leave out dpo.yaml and rl.yaml")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     python = sys.executable
@@ -133,12 +136,25 @@ def main(argv: list[str] | None = None) -> int:
         command += ["--trainer.default_root_dir", str(run_dir)]
         trained[name] = run(command, args.out / f"{name}-train.log")
         runs[name] = run_dir
+    # Past fine-tuning, from the SFT run: preference pairs of the same questions, then the model's
+    # own answers to the next-line questions, rewarded where they name the right choice.
+    sources = {"dpo": ["--data.pairs.source", f"{QUESTIONS}/train.jsonl"]}
+    sources["rl"] = ["--data.questions.source", f"{QUESTIONS}/train.jsonl"]
+    sources["rl"] += ["--data.questions.val_source", f"{QUESTIONS}/test.jsonl"]
+    for name in ("dpo", "rl") if not args.skip_past_sft else ():
+        run_dir = args.base.parent / f"{name}-plays"
+        command = [python, "train.py", "--config", f"{name}.yaml", "--model.init_from", str(runs["sft"])]
+        command += [*sources[name], "--trainer.default_root_dir", str(run_dir)]
+        trained[name] = run(command, args.out / f"{name}-train.log")
+        runs[name] = run_dir
 
     scores = {name: score(ROOT / run_dir, args.out) for name, run_dir in runs.items()}
     label = {
         "base": "base: `small.yaml`, no fine-tuning",
         "sft": "full SFT: `sft.yaml`, every parameter",
         "lora": "LoRA: `lora.yaml`, rank 8 on query and value",
+        "dpo": "DPO: `dpo.yaml` from the SFT run, right choice over a wrong one",
+        "rl": "RL: `rl.yaml` from the SFT run, rewarded for naming the right next line",
     }
     lines = [
         f"{cpu_name()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
