@@ -42,8 +42,8 @@ from minigpt.data.chat.conversations import (
     PackedConversationWindows,
     load_chat_examples,
 )
-from minigpt.data.chat.datamodule import ConversationSampler
 from minigpt.data.chat.template import ChatEncoder
+from minigpt.data.loader import EpochShuffle
 from minigpt.data.tokenizer import tokenizer_from_spec, with_chat_tokens
 from minigpt.model import GPT
 from minigpt.training.config import OptimConfig
@@ -86,13 +86,13 @@ def contestant(
         windows = PackedConversationWindows(examples, context, pad_id, seed)
     else:
         windows = ConversationWindows(examples, context, pad_id)
-    sampler = ConversationSampler(windows, seed)
+    sampler = EpochShuffle(windows, seed)
     loader = DataLoader(windows, batch_size=int(data["batch_size"]), sampler=sampler, drop_last=True)
     optimizer = build_optimizer(lit.model, OptimConfig(**settings["model"]["optim"]))
     return Contestant(context, pack, len(examples), windows, _endless(loader, sampler), lit, optimizer, [])
 
 
-def _endless(loader: DataLoader, sampler: ConversationSampler) -> Any:
+def _endless(loader: DataLoader, sampler: EpochShuffle) -> Any:
     for epoch in itertools.count():
         sampler.set_epoch(epoch)
         yield from loader

@@ -6,7 +6,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any, Protocol, runtime_checkable
 
-from torch.utils.data import DataLoader
+import numpy as np
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 logger = logging.getLogger(__name__)
 
@@ -14,7 +15,7 @@ logger = logging.getLogger(__name__)
 @runtime_checkable
 class ResumableSampler(Protocol):
     """A training sampler that can begin an epoch part-way (:class:`~.windows.TrainWindowSampler`,
-    :class:`~.chat_datamodule.ConversationSampler`)."""
+    :class:`EpochShuffle`)."""
 
     epoch: int
     num_replicas: int
@@ -23,6 +24,26 @@ class ResumableSampler(Protocol):
 
     def start_at(self, position: int) -> None:
         """Make the next iteration (only) begin at this rank's ``position``-th item of the epoch."""
+
+
+class EpochShuffle(DistributedSampler):
+    """One rank's share of an epoch's items (conversation windows, preference pairs, questions),
+    shuffled by ``(seed, epoch)``: rank ``r`` of ``R`` takes items ``r, r + R, ...`` of the
+    epoch's order, the uneven tail dropped. A :class:`ResumableSampler`."""
+
+    def __init__(self, items: Dataset[Any], seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(items, num_replicas, rank, shuffle=True, seed=seed, drop_last=True)
+        self._start = 0
+
+    def start_at(self, position: int) -> None:
+        """Make the next iteration (only) begin at this rank's ``position``-th item."""
+        self._start = position
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._start = self._start, 0
+        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.dataset))
+        share = order[self.rank : self.total_size : self.num_replicas]
+        return iter(share[start:].tolist())
 
 
 class ResumableLoader(DataLoader):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,16 +74,22 @@ class ChatDataConfig:
     """Path to GPT-2's r50k_base.tiktoken ranks file, for machines that cannot download it."""
 
     def __post_init__(self) -> None:
-        if not self.source:
-            raise DataError("chat data source must not be empty")
-        if self.too_long not in TOO_LONG:
-            raise DataError(f"too_long must be one of {', '.join(TOO_LONG)}, got {self.too_long!r}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
-        if self.batch_size < 1:
-            raise DataError(f"batch_size must be at least 1, got {self.batch_size}")
-        if self.num_workers < 0:
-            raise DataError(f"num_workers must be 0 or more, got {self.num_workers}")
+        check_reading(self, "chat data")
+
+
+def check_reading(config: Any, what: str, too_long: tuple[str, ...] = TOO_LONG) -> None:
+    """The settings chat data and the data that reads conversations like it share (`source`,
+    `too_long`, `val_fraction`, `batch_size`, `num_workers`), each refused in one line."""
+    if not config.source:
+        raise DataError(f"{what} source must not be empty")
+    if config.too_long not in too_long:
+        raise DataError(f"too_long must be one of {', '.join(too_long)}, got {config.too_long!r}")
+    if not 0.0 < config.val_fraction < 1.0:
+        raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {config.val_fraction}")
+    if config.batch_size < 1:
+        raise DataError(f"batch_size must be at least 1, got {config.batch_size}")
+    if config.num_workers < 0:
+        raise DataError(f"num_workers must be 0 or more, got {config.num_workers}")
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
 import numpy as np
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from ..datamodule import loader_options
 from ..errors import DataError
-from ..loader import ResumableLoader
+from ..loader import EpochShuffle, ResumableLoader
 from ..tokenizer import ChatTokenizer, tokenizer_from_spec, with_chat_tokens
 from ..windows import ValWindowSampler
 from .conversations import (
@@ -31,32 +30,6 @@ def held_out(count: int, fraction: float, seed: int) -> np.ndarray:
         raise DataError(f"chat data needs at least 2 conversations (one held out), got {count}")
     keep = min(max(1, round(count * fraction)), count - 1)
     return np.sort(np.random.default_rng(seed).permutation(count)[:keep])
-
-
-class ConversationSampler(DistributedSampler):
-    """One rank's share of an epoch's windows (a conversation each, or several packed), shuffled
-    by ``(seed, epoch)``: rank ``r`` of ``R`` takes windows ``r, r + R, ...`` of the epoch's
-    order, the uneven tail dropped."""
-
-    def __init__(
-        self,
-        windows: ConversationWindows | PackedConversationWindows,
-        seed: int,
-        num_replicas: int = 1,
-        rank: int = 0,
-    ) -> None:
-        super().__init__(windows, num_replicas, rank, shuffle=True, seed=seed, drop_last=True)
-        self._start = 0
-
-    def start_at(self, position: int) -> None:
-        """Make the next iteration (only) begin at this rank's ``position``-th window."""
-        self._start = position
-
-    def __iter__(self) -> Iterator[int]:
-        start, self._start = self._start, 0
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.dataset))
-        share = order[self.rank : self.total_size : self.num_replicas]
-        return iter(share[start:].tolist())
 
 
 class ChatDataModule(L.LightningDataModule):
@@ -151,7 +124,7 @@ class ChatDataModule(L.LightningDataModule):
                 f"{len(windows)} training {what} cannot fill a batch of {self.config.batch_size} "
                 f"on {num_replicas} process(es): lower data.conversations.batch_size"
             )
-        sampler = ConversationSampler(windows, self.config.seed, num_replicas, rank)
+        sampler = EpochShuffle(windows, self.config.seed, num_replicas, rank)
         return ResumableLoader(windows, sampler=sampler, drop_last=True, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:

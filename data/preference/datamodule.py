@@ -9,11 +9,12 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader
 
-from ..chat.datamodule import ConversationSampler, held_out
+from ..chat.conversations import check_reading
+from ..chat.datamodule import held_out
 from ..chat.template import ChatEncoder
 from ..datamodule import loader_options
 from ..errors import DataError
-from ..loader import ResumableLoader
+from ..loader import EpochShuffle, ResumableLoader
 from ..tokenizer import ChatTokenizer, tokenizer_from_spec, with_chat_tokens
 from ..windows import ValWindowSampler
 from .examples import TOO_LONG, PairWindows, PreferenceExamples, encode_pairs
@@ -52,18 +53,9 @@ class PreferenceDataConfig:
     """Path to GPT-2's r50k_base.tiktoken ranks file, for machines that cannot download it."""
 
     def __post_init__(self) -> None:
-        if not self.source:
-            raise DataError("preference data source must not be empty")
-        if self.too_long not in TOO_LONG:
-            raise DataError(f"too_long must be one of {', '.join(TOO_LONG)}, got {self.too_long!r}")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
-        if self.batch_size < 1:
-            raise DataError(f"batch_size must be at least 1, got {self.batch_size}")
+        check_reading(self, "preference data", TOO_LONG)
         if self.max_pairs is not None and self.max_pairs < 2:
             raise DataError(f"max_pairs must be at least 2 (one held out) or null, got {self.max_pairs}")
-        if self.num_workers < 0:
-            raise DataError(f"num_workers must be 0 or more, got {self.num_workers}")
 
 
 class PreferenceDataModule(L.LightningDataModule):
@@ -153,7 +145,7 @@ class PreferenceDataModule(L.LightningDataModule):
                 f"{len(windows)} training pairs cannot fill a batch of {self.config.batch_size} on "
                 f"{num_replicas} process(es): lower data.pairs.batch_size"
             )
-        sampler = ConversationSampler(windows, self.config.seed, num_replicas, rank)
+        sampler = EpochShuffle(windows, self.config.seed, num_replicas, rank)
         return ResumableLoader(windows, sampler=sampler, drop_last=True, **self._loader_options())
 
     def val_dataloader(self) -> DataLoader:

@@ -3,12 +3,10 @@ questions' choices for validation, each after its prompt."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
 from ..chat.conversations import IGNORE_INDEX
 
@@ -79,19 +77,3 @@ def choice_batch(items: list[HeldOut], pad_id: int) -> tuple[torch.Tensor, ...]:
     counts = torch.tensor([len(item.lengths) for item in items])
     chars = torch.tensor([n for item in items for n in item.chars], dtype=torch.float32)
     return x, y, counts, chars, torch.tensor([i.label for i in items]), torch.tensor([i.kind for i in items])
-
-
-class QuestionSampler(DistributedSampler):
-    """One rank's share of an epoch's questions, shuffled by ``(seed, epoch)``, resumable mid-epoch."""
-
-    def __init__(self, prompts: Prompts, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
-        super().__init__(prompts, num_replicas, rank, shuffle=True, seed=seed, drop_last=True)
-        self._start = 0
-
-    def start_at(self, position: int) -> None:
-        self._start = position
-
-    def __iter__(self) -> Iterator[int]:
-        start, self._start = self._start, 0
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.dataset))
-        return iter(order[self.rank : self.total_size : self.num_replicas][start:].tolist())

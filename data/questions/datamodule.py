@@ -24,9 +24,9 @@ from ..chat.template import ChatEncoder
 from ..corpus import resolve_corpus
 from ..datamodule import loader_options
 from ..errors import DataError
-from ..loader import ResumableLoader
+from ..loader import EpochShuffle, ResumableLoader
 from ..tokenizer import ChatTokenizer, tokenizer_from_spec, with_chat_tokens
-from .batches import Choices, HeldOut, Prompts, QuestionSampler, choice_batch, pad_prompts
+from .batches import Choices, HeldOut, Prompts, choice_batch, pad_prompts
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ class QuestionsDataModule(L.LightningDataModule):
                 f"{len(self._prompts)} questions cannot fill a batch of {self.config.batch_size} on "
                 f"{num_replicas} process(es): lower data.questions.batch_size"
             )
-        sampler = QuestionSampler(self._prompts, self.config.seed, num_replicas, rank)
+        sampler = EpochShuffle(self._prompts, self.config.seed, num_replicas, rank)
         pad = self.tokenizer.end_id
         options = loader_options(self.config.batch_size, self.config.num_workers, self.config.seed)
         return ResumableLoader(
