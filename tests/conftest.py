@@ -32,6 +32,7 @@ from minigpt.common import available_cores, sha256_file
 from minigpt.data import GPT2Tokenizer, load_gpt2_encoding
 from minigpt.data import gpt2_encoding as ranks_module
 from minigpt.data.cache import CACHE_ENV, cache_dir
+from minigpt.training import precision
 
 RANKS_FIXTURES = {"gpt2_encoding"}
 """Fixtures that need GPT-2's ranks (from the user's cache, else fetched from the package index)."""
@@ -45,6 +46,13 @@ if WORKER_COUNT:
     WORKER_THREADS = max(1, available_cores() // WORKER_COUNT)
     os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
     torch.set_num_threads(WORKER_THREADS)
+
+if precision.CPU_BF16 not in os.environ:
+    # A run decides bf16 or fp32 by timing this CPU's products (training/precision.py). Measured
+    # once here and handed to every run of this process and the processes its tests start, so a
+    # run and the run it is compared with (a resume, a run in another process) decide alike even
+    # when the suite's load makes one timing read differently; test_precision.py measures itself.
+    os.environ[precision.CPU_BF16] = "1" if precision.has_native_bf16("cpu") else "0"
 
 
 def package_index_url() -> str:

@@ -54,7 +54,9 @@ def native_precision() -> str:
 def announced_precision(console: str) -> str:
     """The precision a run in another process chose by its own measurement of this CPU: bf16-mixed
     as small.yaml asks, unless it said why not (a measurement taken here could read otherwise)."""
-    fell_back = re.search(r"(?:at ([0-9.]+)x fp32's speed|has no native bf16); training in fp32", console)
+    fell_back = re.search(
+        r"(?:at ([0-9.]+)x fp32's speed|has no native bf16|MINIGPT_CPU_BF16=0); training in fp32", console
+    )
     if fell_back is None:
         return "bf16-mixed"
     if fell_back.group(1) is not None:

@@ -100,6 +100,7 @@ def test_a_cpu_trains_in_bf16_only_where_it_measures_faster(
         assert onednn, "a CPU without bf16 is not measured"
         return [bf16_speed if dtype == torch.bfloat16 else 1.0 for dtype in dtypes]
 
+    monkeypatch.delenv(precision.CPU_BF16, raising=False)  # the suite pins it (tests/conftest.py)
     monkeypatch.setattr(precision, "_onednn_bf16", lambda: onednn)
     monkeypatch.setattr(precision, "product_speeds", speeds)
     precision.bf16_gain.cache_clear()
@@ -131,7 +132,8 @@ def test_the_environment_can_overrule_the_measurement(
         precision.bf16_gain.cache_clear()
 
 
-def test_the_measurement_of_bf16_against_fp32_takes_milliseconds() -> None:
+def test_the_measurement_of_bf16_against_fp32_takes_milliseconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(precision.CPU_BF16, raising=False)  # the suite pins it (tests/conftest.py)
     precision.bf16_gain.cache_clear()
     start = time.perf_counter()
     gain = precision.bf16_gain()
