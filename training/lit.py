@@ -150,12 +150,11 @@ class LitGPT(L.LightningModule):
         set_logging_step(self.trainer, self.trainer.global_step)
 
     def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> torch.Tensor:
-        """One micro-batch: `(x, y)`, or packed conversations' `(x, y, segments, positions)`.
-
-        Manual optimization (`optimize_manually`), but under FSDP, whose backward cannot run inside
-        the step. Logs `train_loss`, the mean over the step's micro-batches and the ranks, only on
-        the steps whose logs are written: the reduction makes every rank wait. Returns the
-        micro-batch's share of the step's loss, as Lightning hands callbacks."""
+        """One micro-batch: `(x, y)`, or packed conversations' `(x, y, segments, positions)`. Manual
+        optimization (`optimize_manually`), but under FSDP, whose backward cannot run in the step.
+        `train_loss`, the mean over the step's micro-batches and the ranks, is logged only on steps
+        whose logs are written (the reduction makes every rank wait). Returns the micro-batch's
+        share of the step's loss, as Lightning hands callbacks."""
         x, y, *packed = batch
         trainer = self.trainer
         accumulated = trainer.accumulate_grad_batches
@@ -176,20 +175,21 @@ class LitGPT(L.LightningModule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The micro-batch's forward and backward, and on the `last` of a step the update: its
         loss, and its share of the step's."""
-        optimizer = self.optimizers()
         if first:
-            optimizer.zero_grad(set_to_none=True)  # as the step starts: callbacks see the last step's
+            self.optimizers().zero_grad(set_to_none=True)  # as the step starts: callbacks saw the last's
         loss = self.loss(x, y, *packed)
         share = loss / self.trainer.accumulate_grad_batches  # the step's gradient: the micro-batches' mean
-        # Lightning runs the whole step under the precision's autocast; the backward pass and the
-        # update run outside it, as they do under automatic optimization.
+        self.backward_and_update(share, last)
+        return loss, share
+
+    def backward_and_update(self, share: torch.Tensor, last: bool) -> None:
+        """Backward of a micro-batch's `share`; on the `last`, the update. Outside Lightning's autocast."""
         with torch.autocast(self.device.type, enabled=False):
             with gradients_kept_local(self.trainer, not last):  # no all-reduce before the last micro-batch
                 self.manual_backward(share)
             if last:
-                optimizer.step()  # through the precision plugin, which calls on_before_optimizer_step
+                self.optimizers().step()  # through the precision plugin: on_before_optimizer_step
                 self.lr_schedulers().step()
-        return loss, share
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Clipping here rather than through Trainer(gradient_clip_val=...): Lightning refuses that

@@ -34,7 +34,6 @@ from .grpo import (
     step_generator,
     token_log_probs,
 )
-from .lightning_internals import gradients_kept_local
 from .lit import LitGPT
 from .loggers import step_logs_written
 from .rewards import reward_function
@@ -145,7 +144,9 @@ class LitGRPO(LitGPT):
         advantages = group_advantages(rewards.view(-1, group), self.rl.scale_rewards).flatten()
         prompts_of = [q for q in questions for _ in range(group)]
         loss, kl = self.grpo_loss(prompts_of, answers, advantages.to(self.device))
-        self._update(loss / accumulated, first=micro == 0, last=last)
+        if micro == 0:
+            self.optimizers().zero_grad(set_to_none=True)
+        self.backward_and_update(loss / accumulated, last)
         tokens = torch.tensor([len(a) for a in answers], dtype=torch.float32)
         self._step_figures.append(torch.stack([loss.detach().cpu(), rewards.mean(), tokens.mean(), kl.cpu()]))
         if last and step_logs_written(trainer):
@@ -223,19 +224,6 @@ class LitGRPO(LitGPT):
         finally:
             for layer in layers:
                 layer.enable_adapters(True)
-
-    def _update(self, share: torch.Tensor, first: bool, last: bool) -> None:
-        """Backward of the micro-batch's `share` of the step's loss; on the `last`, the update, as
-        LitGPT's step makes it."""
-        optimizer = self.optimizers()
-        if first:
-            optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(self.device.type, enabled=False):
-            with gradients_kept_local(self.trainer, not last):
-                self.manual_backward(share)
-            if last:
-                optimizer.step()
-                self.lr_schedulers().step()
 
     # -- validation --------------------------------------------------------------------------
 
