@@ -138,13 +138,16 @@ ROUND_SECONDS = 0.5
 fastest of 2 steps of 40 ms spreads by a few percent with the machine's speed, of 12 by less."""
 
 
-def measure(cases: list[Case], rounds: int, steps: int) -> dict[str, int]:
-    """Times every case's recipes for `rounds` rounds; returns the steps per round of each case."""
+def measure(cases: list[Case], rounds: int, steps: int, count: bool = False) -> dict[str, int]:
+    """Times every case's recipes for `rounds` rounds; returns the steps per round of each case.
+    `count`: also count each eager recipe's matrix products in one step (the timers' `gflop`)."""
     per_round = {}
     for case in cases:
         for which, timer in case.timers.items():
             case.first[which] = timer()  # warm up: first-touch allocations, oneDNN's kernel choice, compiling
             seconds = timer()
+            if count and "compiled" not in which:
+                timer(count=True)
         per_round[case.name] = max(steps, math.ceil(ROUND_SECONDS / seconds))
     for r in range(rounds):
         for case in cases[r % len(cases) :] + cases[: r % len(cases)]:
@@ -216,7 +219,8 @@ def main() -> None:
     p.add_argument(
         "--phases",
         action="store_true",
-        help="also print each recipe's fastest forward+backward and optimizer part: where a step's time goes",
+        help="also print each recipe's fastest forward+backward and optimizer part, and the matrix "
+        "products each does (GFLOP, torch's FlopCounterMode): where a step's time goes",
     )
     p.add_argument(
         "--compiled",
@@ -248,7 +252,7 @@ def main() -> None:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="minigpt-speed-") as tmp:
         cases = [build_case(name, Path(tmp), args.compiled) for name in names]
-        per_round = measure(cases, args.rounds, args.steps)
+        per_round = measure(cases, args.rounds, args.steps, count=args.phases)
         peak = {name: square_product_speed(dtype) for name, dtype in DTYPES.items()}
         train_py = through_train(cases, args.rounds, args.train_steps, Path(tmp)) if args.train_steps else []
     print(
@@ -281,14 +285,19 @@ def main() -> None:
             f"| {FLOORS[case.name]:.2f} | {gpt2 * 1e3:.0f} | {gpt2 / step:.2f}x | {'ok' if ok else 'SLOW'} |"
         )
     if args.phases:
-        print("\n| case | recipe | forward+backward ms | optimizer ms (clipping, step, average) |")
-        print("|---|---|---|---|")
+        print(
+            "\n| case | recipe | forward+backward ms | its products GFLOP "
+            "| optimizer ms (clipping, step, average) | its products GFLOP |"
+        )
+        print("|---|---|---|---|---|---|")
         for case in cases:
             for which, timer in case.timers.items():
-                fastest = timer.fastest
+                fastest, gflop = timer.fastest, timer.gflop
+                parts = ("forward+backward", "optimizer")
+                counted = [f"{gflop[part]:.3f}" if part in gflop else "" for part in parts]
                 print(
-                    f"| {case.name} | {which} | {fastest['forward+backward'] * 1e3:.1f} "
-                    f"| {fastest['optimizer'] * 1e3:.1f} |"
+                    f"| {case.name} | {which} | {fastest['forward+backward'] * 1e3:.1f} | {counted[0]} "
+                    f"| {fastest['optimizer'] * 1e3:.1f} | {counted[1]} |"
                 )
     if args.compiled:
         print(

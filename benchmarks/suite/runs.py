@@ -4,6 +4,7 @@ in its own (`run_train_py`, `train`), and the windows a model is scored on after
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import shlex
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.utils.flop_counter import FlopCounterMode
 
 from minigpt.model import GPT, GPTConfig
 from minigpt.training.config import OptimConfig
@@ -52,24 +54,32 @@ def step_timer(config: dict[str, Any], extra: dict[str, Any], vocab_size: int, c
     # the CPU has no native bf16.
     bf16 = resolve_precision(precision(config), "cpu") == "bf16-mixed"
 
-    def step() -> float:
+    def step(count: bool = False) -> float:
+        """One step; with `count`, also the matrix products' GFLOP of each part into `gflop`."""
+        counters = [FlopCounterMode(display=False) if count else contextlib.nullcontext() for _ in range(2)]
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = next_token_loss(gpt.lm_head(features(x)), y)
-        loss.backward()
+        with counters[0]:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = next_token_loss(gpt.lm_head(features(x)), y)
+            loss.backward()
         backward = time.perf_counter()
-        torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if average is not None:
-            average.update_parameters(gpt)
+        with counters[1]:
+            torch.nn.utils.clip_grad_norm_(gpt.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if average is not None:
+                average.update_parameters(gpt)
         end = time.perf_counter()
+        if count:
+            for part, counter in zip(("forward+backward", "optimizer"), counters, strict=True):
+                step.gflop[part] = counter.get_total_flops() / 1e9
         # The fastest of each part seen so far: where a step's time goes (speed_check --phases).
         for part, seconds in (("forward+backward", backward - start), ("optimizer", end - backward)):
             step.fastest[part] = min(step.fastest.get(part, float("inf")), seconds)
         return end - start
 
     step.fastest = {}  # type: ignore[attr-defined]
+    step.gflop = {}  # type: ignore[attr-defined]
     return step
 
 
