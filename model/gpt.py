@@ -156,15 +156,10 @@ class GPT(nn.Module):
         return n
 
     def forward(
-        self,
-        idx: torch.Tensor,
-        kv_caches: list[KVCache] | None = None,
-        *,
-        segments: torch.Tensor | None = None,
-        positions: torch.Tensor | None = None,
+        self, idx: torch.Tensor, kv_caches: list[KVCache] | None = None, **packed: torch.Tensor | None
     ) -> torch.Tensor:
-        hidden = self.features(idx, kv_caches, segments=segments, positions=positions)
-        return self.lm_head(hidden)  # (B, T, V)
+        """The logits (B, T, V): `features` (whose arguments these are), then the LM head."""
+        return self.lm_head(self.features(idx, kv_caches, **packed))
 
     def features(
         self,
