@@ -37,7 +37,7 @@ TRAINER = {
 """Lightning's Trainer settings that differ from Lightning's own defaults in every shipped config."""
 
 KNOWN = {
-    "ModelCheckpoint": "minigpt.training.callbacks.checkpoints.ModelCheckpoint",
+    "Checkpoints": "minigpt.training.callbacks.checkpoints.Checkpoints",
     "LearningRateMonitor": "lightning.pytorch.callbacks.LearningRateMonitor",
     "TokensPerSecond": "minigpt.training.callbacks.throughput.TokensPerSecond",
     "StopOnNonFinite": "minigpt.training.callbacks.guards.StopOnNonFinite",
@@ -51,10 +51,26 @@ KNOWN = {
     "RunReport": "minigpt.training.callbacks.dashboard.RunReport",
     "RunSummary": "minigpt.training.callbacks.console.RunSummary",
     "StepProgressBar": "minigpt.training.callbacks.console.StepProgressBar",
-    "CSVLogger": "minigpt.training.loggers.CSVLogger",
-    "WandbLogger": "minigpt.training.loggers.WandbLogger",
+    "SafeCSVLogger": "minigpt.training.loggers.SafeCSVLogger",
+    "AutoWandbLogger": "minigpt.training.loggers.AutoWandbLogger",
 }
 """The class of each name a config may use under `callbacks:` or `loggers:`."""
+
+FORMER_NAMES = {
+    "ModelCheckpoint": "Checkpoints",
+    "CSVLogger": "SafeCSVLogger",
+    "WandbLogger": "AutoWandbLogger",
+}
+"""Names our classes had when they were named like Lightning's, still taken under `callbacks:`
+and `loggers:` (`--loggers.WandbLogger false`) for the class of the new name; `--help` and
+`--print_config` show only the new one."""
+
+FORMER_CLASS_PATHS = {
+    f"{KNOWN[new].rpartition('.')[0]}.{old}": KNOWN[new] for old, new in FORMER_NAMES.items()
+}
+"""The class path of each former name, as a run folder's config.yaml written then holds it, and the
+class's path now. It still resolves (the class's module keeps the former name for it), and reads
+as the new name wherever a config's entries are matched by name."""
 
 CALLBACK_ORDER = [name for name in KNOWN if not name.endswith("Logger")]
 """Where a callback added by name goes. Order matters where hooks share state: the weight average
@@ -62,7 +78,7 @@ comes after the sample and the attention maps, which then draw from the averaged
 before the last validation and the report."""
 
 CALLBACKS = [
-    {"class_path": KNOWN["ModelCheckpoint"], "init_args": {
+    {"class_path": KNOWN["Checkpoints"], "init_args": {
         # dirpath null: <run folder>/checkpoints, where --ckpt_path last looks
         "filename": "best", "monitor": "val_loss", "mode": "min", "save_top_k": 1, "save_last": True,
         "auto_insert_metric_name": False, "enable_version_counter": False,
@@ -80,14 +96,16 @@ CALLBACKS = [
 ]  # fmt: skip
 
 LOGGERS = [
-    {"class_path": KNOWN["CSVLogger"]},  # save_dir null: the run folder
+    {"class_path": KNOWN["SafeCSVLogger"]},  # save_dir null: the run folder
     # online when logged in, else offline; WANDB_MODE=disabled: off
-    {"class_path": KNOWN["WandbLogger"], "init_args": {"project": "minigpt", "mode": "auto"}},
+    {"class_path": KNOWN["AutoWandbLogger"], "init_args": {"project": "minigpt", "mode": "auto"}},
 ]
 
 
 def by_name_settings(name: str, names: list[str]) -> type:
-    """A dataclass with one optional field per name, each a mapping of settings or a switch."""
+    """A dataclass with one optional field per name and per former name of one, each a mapping of
+    settings or a switch."""
+    names = names + [old for old, new in FORMER_NAMES.items() if new in names]
     return make_dataclass(name, [(each, dict[str, Any] | bool | None, field(default=None)) for each in names])
 
 
@@ -113,14 +131,17 @@ def parser_defaults() -> dict[str, Any]:
 
 
 def class_name(entry: dict[str, Any]) -> str:
-    return entry["class_path"].rsplit(".", 1)[-1]
+    """The name `callbacks:` or `loggers:` calls `entry`'s class by (the new one for a former
+    class path)."""
+    path = entry["class_path"]
+    return FORMER_CLASS_PATHS.get(path, path).rsplit(".", 1)[-1]
 
 
 def by_name(entries: list[dict[str, Any]], changes: dict[str, Any], order: list[str]) -> list[dict[str, Any]]:
     """`entries` (class_path / init_args dicts) with `changes` applied: each name's settings merged
     into its entry or a new entry placed by `order`, `false` removing it, null leaving it as it is."""
     out = copy.deepcopy(entries)
-    for name, settings in changes.items():
+    for name, settings in under_new_names(changes).items():
         if settings is None:
             continue
         at = [i for i, entry in enumerate(out) if class_name(entry) == name]
@@ -140,6 +161,22 @@ def by_name(entries: list[dict[str, Any]], changes: dict[str, Any], order: list[
     return out
 
 
+def under_new_names(changes: dict[str, Any]) -> dict[str, Any]:
+    """`changes` by name with each former name's change (`FORMER_NAMES`) folded into its new
+    name's, as if made after it: the same changes, under one name a class."""
+    out = {name: value for name, value in changes.items() if name not in FORMER_NAMES}
+    for old, new in FORMER_NAMES.items():
+        earlier, later = out.get(new), changes.get(old)
+        if later is None:
+            continue
+        if later is True:  # added where missing: settings given under the new name stay
+            later = earlier if isinstance(earlier, dict) else True
+        elif isinstance(later, dict) and isinstance(earlier, dict):
+            later = merge(copy.deepcopy(earlier), later)
+        out[new] = later
+    return out
+
+
 def place(entries: list[dict[str, Any]], name: str, order: list[str]) -> int:
     """The index a new entry `name` goes at: before the first entry `order` puts after it."""
     if name not in order:
@@ -148,13 +185,14 @@ def place(entries: list[dict[str, Any]], name: str, order: list[str]) -> int:
     return next((i for i, entry in enumerate(entries) if class_name(entry) in later), len(entries))
 
 
-def merge(into: dict[str, Any], settings: dict[str, Any]) -> None:
-    """Merge `settings` into `into`, mappings key by key."""
+def merge(into: dict[str, Any], settings: dict[str, Any]) -> dict[str, Any]:
+    """Merge `settings` into `into`, mappings key by key; returns `into`."""
     for key, value in settings.items():
         if isinstance(value, dict) and isinstance(into.get(key), dict):
             merge(into[key], value)
         else:
             into[key] = copy.deepcopy(value)
+    return into
 
 
 def expanded(config: dict[str, Any]) -> dict[str, Any]:
@@ -181,9 +219,9 @@ def check_names(args: Sequence[str]) -> None:
             continue  # the parser says what is wrong with the file
         for key, kind in (("callbacks", Callbacks), ("loggers", Loggers)):
             given = config.get(key) if isinstance(config, dict) else None
-            known = [f.name for f in fields(kind)]
+            known = [f.name for f in fields(kind) if f.name not in FORMER_NAMES]
             for name in given if isinstance(given, dict) else []:
-                if name not in known:
+                if FORMER_NAMES.get(name, name) not in known:
                     raise UsageError(
                         f"{file}: {key}: no {key[:-1]} is named {name!r}; the names: {', '.join(known)} "
                         f"(another class: --trainer.{'callbacks' if kind is Callbacks else 'logger'}+=CLASS)"

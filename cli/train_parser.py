@@ -16,6 +16,8 @@ from lightning.pytorch.cli import LightningArgumentParser
 from minigpt.common import UsageError
 from minigpt.training.lightning_internals import help_showing
 
+from .train_defaults import FORMER_NAMES
+
 LIGHTNING_HELP = "trainer"
 """The topic of `--help trainer`: Lightning's own settings, which plain `--help` leaves out."""
 LIGHTNING_KEYS = ("trainer", "optimizer", "lr_scheduler")
@@ -52,7 +54,9 @@ class TrainParser(LightningArgumentParser):
             )
         try:
             # Neither argparse nor jsonargparse can leave a group out of the help: see help_showing.
-            with help_showing(self, lambda action: is_lightnings(action.dest) == lightning):
+            with help_showing(
+                self, lambda action: is_lightnings(action.dest) == lightning and not former(action.dest)
+            ):
                 text = super().format_help(*args, **kwargs)
         finally:
             self.description = description
@@ -78,6 +82,13 @@ class TrainParser(LightningArgumentParser):
 def is_lightnings(key: str) -> bool:
     """Whether a setting (`trainer.max_steps`, `optimizer`, ...) is Lightning's rather than ours."""
     return key.split(".", 1)[0] in LIGHTNING_KEYS
+
+
+def former(key: str) -> bool:
+    """Whether a setting is a class's former name under `callbacks:` or `loggers:`, which a config
+    may still use but the help leaves out."""
+    section, _, name = key.partition(".")
+    return section in ("callbacks", "loggers") and name in FORMER_NAMES
 
 
 def help_topic(args: list[str]) -> tuple[list[str], str | None]:

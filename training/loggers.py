@@ -88,7 +88,7 @@ def wandb_mode(mode: WandbMode) -> str:
     return chosen
 
 
-class WandbLogger(LightningWandbLogger):
+class AutoWandbLogger(LightningWandbLogger):
     """Lightning's `WandbLogger` with one more choice of `mode`: `auto`, the default.
 
     `auto` logs online when you are logged in (`wandb login` or WANDB_API_KEY) and wandb's server
@@ -215,7 +215,7 @@ def quiet_wandb() -> None:
     wandb.setup(wandb.Settings(show_info=False))
 
 
-class CSVLogger(LightningCSVLogger):
+class SafeCSVLogger(LightningCSVLogger):
     """Lightning's `CSVLogger` (metrics.csv per run version), in the run folder by default, whose
     files a full disk or a folder made read-only never leaves half-written: such a failure raises
     WriteError (one line) and leaves each file as it was. Lightning appends rows to metrics.csv,
@@ -275,6 +275,11 @@ class CSVLogger(LightningCSVLogger):
         except WriteError:
             writer.metrics.clear()  # rows that cannot be written: finalize must not try them again
             raise
+
+
+CSVLogger, WandbLogger = SafeCSVLogger, AutoWandbLogger
+"""The names these loggers had before, kept only so that the config.yaml of a run trained then
+(`class_path: minigpt.training.loggers.CSVLogger`, `...WandbLogger`) still resolves."""
 
 
 def _rewrite_header(path: Path, keys: list[str]) -> None:

@@ -104,9 +104,9 @@ def test_print_config_shows_every_section(capsys: pytest.CaptureFixture[str]) ->
     assert list(printed).index("trainer") > list(printed).index("tokens_per_step")
     # The loggers and callbacks a run uses are in the config, not built in code.
     loggers = [entry["class_path"] for entry in printed["trainer"]["logger"]]
-    assert loggers == ["minigpt.training.loggers.CSVLogger", "minigpt.training.loggers.WandbLogger"]
+    assert loggers == ["minigpt.training.loggers.SafeCSVLogger", "minigpt.training.loggers.AutoWandbLogger"]
     callbacks = {entry["class_path"].rsplit(".", 1)[1] for entry in printed["trainer"]["callbacks"]}
-    assert {"ModelCheckpoint", "SampleText", "StopOnNonFinite", "SaveAndStopOnSignal"} <= callbacks
+    assert {"Checkpoints", "SampleText", "StopOnNonFinite", "SaveAndStopOnSignal"} <= callbacks
     assert printed["model"]["gpt"]["n_layer"] == 2
     assert {"lr", "warmup_steps", "weight_decay"} <= set(printed["model"]["optim"])
 

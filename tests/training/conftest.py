@@ -196,10 +196,10 @@ def same_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[La
     loggers.write_text(
         "trainer:\n"
         "  logger:\n"
-        "    - class_path: minigpt.training.loggers.CSVLogger\n"
+        "    - class_path: minigpt.training.loggers.SafeCSVLogger\n"
         "    - class_path: lightning.pytorch.loggers.CSVLogger\n"
         f"      init_args: {{save_dir: {one_folder / 'elsewhere'}, name: extra}}\n"
-        "    - class_path: minigpt.training.loggers.WandbLogger\n"
+        "    - class_path: minigpt.training.loggers.AutoWandbLogger\n"
     )
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))

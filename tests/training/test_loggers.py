@@ -76,7 +76,7 @@ def test_a_disabled_run_starts_without_wandb_warning_about_git(
     given: dict, monkeypatch: pytest.MonkeyPatch, tmp_path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    logger = loggers.WandbLogger(save_dir=tmp_path / "new-run", **given)  # a run folder not made yet
+    logger = loggers.AutoWandbLogger(save_dir=tmp_path / "new-run", **given)  # a run folder not made yet
     try:
         logger.experiment  # noqa: B018 (starts the run)
     finally:

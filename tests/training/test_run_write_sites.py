@@ -21,7 +21,7 @@ from minigpt.model import GPT, GPTConfig
 from minigpt.training.callbacks.background import Job
 from minigpt.training.callbacks.dashboard import SampleText, _draw_pngs
 from minigpt.training.config import LoRAConfig
-from minigpt.training.loggers import CSVLogger
+from minigpt.training.loggers import SafeCSVLogger
 from minigpt.training.lora import add_adapters, save_adapter
 from minigpt.viz.attention import attention_of
 
@@ -76,7 +76,10 @@ def logged(logger: LightningCSVLogger) -> None:
 
 
 def test_the_csv_log_reads_as_lightnings_own(tmp_path: Path) -> None:
-    ours, theirs = CSVLogger(tmp_path / "ours", version=0), LightningCSVLogger(tmp_path / "theirs", version=0)
+    ours, theirs = (
+        SafeCSVLogger(tmp_path / "ours", version=0),
+        LightningCSVLogger(tmp_path / "theirs", version=0),
+    )
     logged(ours)
     logged(theirs)
     for name in ("metrics.csv", "hparams.yaml"):
@@ -88,7 +91,7 @@ def test_the_csv_log_reads_as_lightnings_own(tmp_path: Path) -> None:
 )
 @pytest.mark.parametrize(("error", "why"), FAULTS)
 def test_the_csv_log(error: int, why: str, row: dict[str, float], tmp_path: Path, monkeypatch) -> None:
-    logger = CSVLogger(tmp_path, version=0)
+    logger = SafeCSVLogger(tmp_path, version=0)
     logger.log_hyperparams({"lr": 0.1})
     logger.log_metrics({"train_loss": 3.0}, step=4)
     logger.save()
@@ -107,7 +110,7 @@ def test_the_csv_log(error: int, why: str, row: dict[str, float], tmp_path: Path
 
 @pytest.mark.parametrize(("error", "why"), FAULTS)
 def test_the_csv_logs_settings(error: int, why: str, tmp_path: Path, monkeypatch) -> None:
-    logger = CSVLogger(tmp_path, version=0)
+    logger = SafeCSVLogger(tmp_path, version=0)
     logger.log_hyperparams({"lr": 0.1})
     folder = Path(logger.log_dir)
     before = hashes(folder)
@@ -119,7 +122,7 @@ def test_the_csv_logs_settings(error: int, why: str, tmp_path: Path, monkeypatch
 
 def test_a_csv_log_folder_it_may_not_make(tmp_path: Path, monkeypatch) -> None:
     DiskFault(tmp_path, errno.EACCES).install(monkeypatch)
-    logger = CSVLogger(tmp_path / "run", version=0)
+    logger = SafeCSVLogger(tmp_path / "run", version=0)
     with pytest.raises(WriteError) as raised:
         logger.experiment  # noqa: B018 - made when first asked for
     assert str(raised.value) == (

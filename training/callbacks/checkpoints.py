@@ -88,7 +88,7 @@ def _tensor_bytes(value: Any, seen: set[int]) -> int:
     return 0
 
 
-class ModelCheckpoint(LightningModelCheckpoint):
+class Checkpoints(LightningModelCheckpoint):
     """Lightning's ModelCheckpoint, with `save_last` writing `last.ckpt` at the end of every run.
 
     Lightning writes `last.ckpt` beside each checkpoint it saves at a validation, and at the end of
@@ -97,6 +97,15 @@ class ModelCheckpoint(LightningModelCheckpoint):
     validation, and `--ckpt_path last` would train the steps after it over again. Here the end of
     the run is saved too, whenever the last save was at an earlier step.
     """
+
+    @property
+    def state_key(self) -> str:
+        """The key of this callback's state in a checkpoint: the one Lightning's ModelCheckpoint
+        gives the same settings, `ModelCheckpoint{'monitor': ...}`. Lightning starts the key with
+        the class's name; this class was named ModelCheckpoint before, and checkpoints written
+        then resume with their best checkpoint and score only under that key."""
+        key = super().state_key
+        return LightningModelCheckpoint.__qualname__ + key.removeprefix(type(self).__qualname__)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not (self.save_last and save_last_checkpoint(self, trainer)):
@@ -117,6 +126,11 @@ class ModelCheckpoint(LightningModelCheckpoint):
                 f"one) and {byte_size(free)} is free there: the first save will fail; free some space "
                 "or choose another --trainer.default_root_dir"
             )
+
+
+ModelCheckpoint = Checkpoints
+"""The name `Checkpoints` had before, kept only so that the config.yaml of a run trained then
+(`class_path: minigpt.training.callbacks.checkpoints.ModelCheckpoint`) still resolves."""
 
 
 def checkpoint_bytes(trainer: L.Trainer, pl_module: L.LightningModule) -> int:

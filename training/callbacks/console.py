@@ -19,7 +19,7 @@ from minigpt.model import GPTConfig
 from minigpt.model.config import parameter_count
 
 from ..flops import training_flops_per_token
-from ..loggers import WandbLogger, step_logs_written
+from ..loggers import AutoWandbLogger, step_logs_written
 from ..lora import ADAPTER_FOLDER
 from ..precision import cpu_description
 from .throughput import tokens_per_step
@@ -225,7 +225,7 @@ class RunSummary(L.Callback):
             f"{trainer.precision} on {_device(pl_module.device)}{_optimizer_line(trainer, pl_module)}",
             f"output: {trainer.default_root_dir}",
         ]
-        wandb = [logger.summary_line() for logger in trainer.loggers if isinstance(logger, WandbLogger)]
+        wandb = [logger.summary_line() for logger in trainer.loggers if isinstance(logger, AutoWandbLogger)]
         lines += [line for line in wandb if line]
         tip = compile_tip(pl_module.device, config, bool(pl_module.hparams.get("compile", False)))
         log.info("\n".join(lines + ([tip] if tip else [])))
