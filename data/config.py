@@ -75,12 +75,7 @@ class DataConfig:
         cls.cache_key(**self.tokenizer_options())  # checks the options' values
         if not self.text_column:
             raise DataError("data.text_column must not be empty")
-        if not 0.0 < self.val_fraction < 1.0:
-            raise DataError(f"data.val_fraction must be between 0 and 1 (exclusive), got {self.val_fraction}")
-        if self.batch_size < 1:
-            raise DataError(f"data.batch_size must be at least 1, got {self.batch_size}")
-        if self.num_workers < 0:
-            raise DataError(f"data.num_workers must be 0 or more, got {self.num_workers}")
+        check_batching(self, "data.")
         if self.num_proc < 0:
             raise DataError(f"data.num_proc must be 0 or more, got {self.num_proc}")
         if self.subset is not None and not self.subset:
@@ -95,3 +90,16 @@ class DataConfig:
     def tokenizer_options(self) -> dict[str, Any]:
         """The options the tokenizer is built with, by name (none for a tokenizer without options)."""
         return {option: getattr(self, option) for option in tokenizer_class(self.tokenizer).options}
+
+
+def check_batching(config: Any, prefix: str = "") -> None:
+    """The settings every kind of data shares for holding out and batching what it reads:
+    `val_fraction` (where `config` has one), `batch_size` and `num_workers`, each refused in one
+    line that names it after `prefix` (`data.batch_size`)."""
+    val_fraction = getattr(config, "val_fraction", None)
+    if val_fraction is not None and not 0.0 < val_fraction < 1.0:
+        raise DataError(f"{prefix}val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    if config.batch_size < 1:
+        raise DataError(f"{prefix}batch_size must be at least 1, got {config.batch_size}")
+    if config.num_workers < 0:
+        raise DataError(f"{prefix}num_workers must be 0 or more, got {config.num_workers}")

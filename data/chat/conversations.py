@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..config import check_batching
 from ..errors import DataError
 from .instructions import Conversation, read_conversations
 from .template import ChatEncoder
@@ -84,12 +85,7 @@ def check_reading(config: Any, what: str, too_long: tuple[str, ...] = TOO_LONG) 
         raise DataError(f"{what} source must not be empty")
     if config.too_long not in too_long:
         raise DataError(f"too_long must be one of {', '.join(too_long)}, got {config.too_long!r}")
-    if not 0.0 < config.val_fraction < 1.0:
-        raise DataError(f"val_fraction must be between 0 and 1 (exclusive), got {config.val_fraction}")
-    if config.batch_size < 1:
-        raise DataError(f"batch_size must be at least 1, got {config.batch_size}")
-    if config.num_workers < 0:
-        raise DataError(f"num_workers must be 0 or more, got {config.num_workers}")
+    check_batching(config)
 
 
 @dataclass(frozen=True)

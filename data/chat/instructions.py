@@ -66,19 +66,27 @@ def chat_messages(row: dict[str, Any], where: str) -> Messages:
     messages = row["messages"]
     if not isinstance(messages, list) or not messages:
         raise DataError(f"{where}: 'messages' must be a non-empty list of {{role, content}}")
-    checked = []
-    for i, message in enumerate(messages, start=1):
-        if not isinstance(message, dict):
-            raise DataError(f"{where}: message {i} is {type(message).__name__}, not {{role, content}}")
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            raise DataError(f"{where}: message {i} has role {role!r}; roles are {', '.join(ROLES)}")
-        if not isinstance(content, str):
-            raise DataError(f"{where}: message {i} has no 'content' text")
-        checked.append({"role": role, "content": content})
+    checked = [checked_message(message, f"message {i}", where) for i, message in enumerate(messages, start=1)]
     if not any(m["role"] == "assistant" for m in checked):
         raise DataError(f"{where} has no assistant message, so nothing to learn")
     return checked
+
+
+def checked_message(message: Any, name: str, where: str) -> dict[str, str]:
+    """One ``{role, content}`` message, checked: `name` says which in an error (``message 2``).
+
+    Raises:
+        DataError: ``message`` is not a mapping, its role is not one of :data:`~.template.ROLES`, or
+            it has no text.
+    """
+    if not isinstance(message, dict):
+        raise DataError(f"{where}: {name} is {type(message).__name__}, not {{role, content}}")
+    role, content = message.get("role"), message.get("content")
+    if role not in ROLES:
+        raise DataError(f"{where}: {name} has role {role!r}; roles are {', '.join(ROLES)}")
+    if not isinstance(content, str):
+        raise DataError(f"{where}: {name} has no 'content' text")
+    return {"role": role, "content": content}
 
 
 def row_messages(row: dict[str, Any], where: str) -> Messages:

@@ -22,8 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..chat.instructions import Messages, read_rows
-from ..chat.template import ROLES
+from ..chat.instructions import Messages, checked_message, read_rows
 from ..errors import DataError
 
 
@@ -44,18 +43,7 @@ def _messages(value: Any, field: str, where: str) -> Messages:
     """``value`` checked as a non-empty list of ``{role, content}`` messages."""
     if not isinstance(value, list) or not value:
         raise DataError(f"{where}: {field!r} must be text or a non-empty list of {{role, content}}")
-    checked = []
-    for i, message in enumerate(value, start=1):
-        if not isinstance(message, dict):
-            kind = type(message).__name__
-            raise DataError(f"{where}: {field} message {i} is {kind}, not {{role, content}}")
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            raise DataError(f"{where}: {field} message {i} has role {role!r}; roles are {', '.join(ROLES)}")
-        if not isinstance(content, str):
-            raise DataError(f"{where}: {field} message {i} has no 'content' text")
-        checked.append({"role": role, "content": content})
-    return checked
+    return [checked_message(m, f"{field} message {i}", where) for i, m in enumerate(value, start=1)]
 
 
 def _answer(value: Any, field: str, where: str) -> str:

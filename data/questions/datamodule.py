@@ -21,6 +21,7 @@ import numpy as np
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..chat.template import ChatEncoder
+from ..config import check_batching
 from ..corpus import resolve_corpus
 from ..datamodule import loader_options
 from ..errors import DataError
@@ -54,12 +55,9 @@ class QuestionsConfig:
     """Path to GPT-2's r50k_base.tiktoken ranks file, for machines that cannot download it."""
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise DataError(f"batch_size must be at least 1, got {self.batch_size}")
+        check_batching(self)
         if self.val_questions is not None and self.val_questions < 1:
             raise DataError(f"val_questions must be at least 1 or null, got {self.val_questions}")
-        if self.num_workers < 0:
-            raise DataError(f"num_workers must be 0 or more, got {self.num_workers}")
 
 
 def read_questions(source: str, split: str, kinds: Sequence[str] | None) -> list[dict[str, Any]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +15,9 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from minigpt.data import DataConfig, DataError, ResumableLoader, TextDataModule, TrainWindowSampler
+from minigpt.data.chat.conversations import ChatDataConfig
+from minigpt.data.preference.datamodule import PreferenceDataConfig
+from minigpt.data.questions.datamodule import QuestionsConfig
 
 T = 16
 TEXT = "".join(f"Line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60))
@@ -175,6 +180,33 @@ def test_config_validation(field: str, value: object, message: str) -> None:
         DataConfig(**{field: value})
     with pytest.raises(DataError, match="context_length must be at least 1"):
         TextDataModule(DataConfig(), 0)
+
+
+REFUSALS = {
+    "batch_size": (0, "batch_size must be at least 1, got 0"),
+    "num_workers": (-1, "num_workers must be 0 or more, got -1"),
+    "val_fraction": (1.0, "val_fraction must be between 0 and 1 (exclusive), got 1.0"),
+}
+
+
+@pytest.mark.parametrize(
+    ("make", "prefix", "fields"),
+    [
+        (DataConfig, "data.", REFUSALS),
+        (partial(ChatDataConfig, "chat.jsonl"), "", REFUSALS),
+        (partial(PreferenceDataConfig, "pairs.jsonl"), "", REFUSALS),
+        (QuestionsConfig, "", ("batch_size", "num_workers")),  # no val_fraction: held-out questions
+    ],
+    ids=["text", "chat", "preference", "questions"],
+)
+def test_every_kind_of_data_refuses_its_batching_settings_in_its_own_words(
+    make: Callable[..., object], prefix: str, fields: Iterable[str]
+) -> None:
+    for field in fields:
+        value, refusal = REFUSALS[field]
+        with pytest.raises(DataError) as refused:
+            make(**{field: value})
+        assert str(refused.value) == prefix + refusal
 
 
 def test_data_package_never_imports_model_or_training() -> None:
