@@ -30,14 +30,14 @@ from minigpt.training.profiler import QuietProfiler
 from .command import USER_ERRORS
 from .train_defaults import (
     CALLBACK_ORDER,
-    FORMER_CLASS_PATHS,
-    FORMER_NAMES,
     Callbacks,
     Loggers,
     by_name,
     check_names,
+    entries_of,
     parser_defaults,
-    under_new_names,
+    place_in_run_folder,
+    use_new_names,
 )
 from .train_parser import (
     TrainParser,
@@ -127,7 +127,7 @@ class MiniGPTCLI(LightningCLI):
         super().parse_arguments(parser, self._args)
         if by_names := self.named_changes():
             self.config = parser.parse_args([*self._args, *by_names])
-        self.use_new_names()
+        use_new_names(self.config)
         self.weights_tokenizer: dict[str, Any] | None = None
         """The tokenizer spec of the weights `model.init_from` names."""
         if self.config.model.get("init_from"):
@@ -147,28 +147,9 @@ class MiniGPTCLI(LightningCLI):
         ):
             changes = {name: value for name, value in vars(changes or {}).items() if value is not None}
             if changes:
-                entries = [entry.as_dict() for entry in _entries(trainer.get(key))]
+                entries = [entry.as_dict() for entry in entries_of(trainer.get(key))]
                 out.append(f"--trainer.{key}=" + json.dumps(by_name(entries, changes, order)))
         return out
-
-    def use_new_names(self) -> None:
-        """The config under the classes' new names (`FORMER_NAMES`), as --print_config and the
-        run's config.yaml show it: changes given under a former name in `callbacks:` and
-        `loggers:` moved to the new name, and former class paths in the trainer's lists (an older
-        run's config.yaml) replaced by the new ones, which name the same classes."""
-        for key in ("callbacks", "loggers"):
-            given = self.config.get(key)
-            if given is None:
-                continue
-            changes = under_new_names(vars(given))
-            for name in FORMER_NAMES:
-                if name in given:
-                    del given[name]
-            for name, value in changes.items():
-                given[name] = value
-        for key in ("callbacks", "logger"):
-            for entry in _entries(self.config.trainer.get(key)):
-                entry.class_path = FORMER_CLASS_PATHS.get(entry.class_path, entry.class_path)
 
     def planned_accumulation(self) -> str:
         config = self.config
@@ -218,7 +199,7 @@ class MiniGPTCLI(LightningCLI):
         if trainer.get("enable_progress_bar") is False:
             # Lightning's own switch keeps working: it refuses a progress bar among the callbacks.
             trainer.callbacks = [
-                c for c in _entries(trainer.get("callbacks")) if "ProgressBar" not in c.class_path
+                c for c in entries_of(trainer.get("callbacks")) if "ProgressBar" not in c.class_path
             ]
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
@@ -305,22 +286,3 @@ def use_pretrained_shape(config: Namespace, given: set[str]) -> dict[str, Any]:
         config.model.gpt[name] = value
     data.context_length = merged.context_length
     return spec
-
-
-def _entries(value: Any) -> list[Namespace]:
-    """The class_path entries of a `trainer.logger` or `trainer.callbacks` value (one or a list)."""
-    items = value if isinstance(value, list) else [value]
-    return [item for item in items if isinstance(item, Namespace) and item.get("class_path")]
-
-
-def place_in_run_folder(trainer: Namespace, run_dir: Path) -> None:
-    """Point the paths the YAML leaves null into the run folder: loggers' `save_dir`, and the
-    `dirpath` of Checkpoints or Lightning's ModelCheckpoint (`<run>/checkpoints`, where
-    `--ckpt_path last` looks)."""
-    for entry in _entries(trainer.get("logger")):
-        if "save_dir" in entry.init_args and entry.init_args.save_dir is None:
-            entry.init_args.save_dir = str(run_dir)
-    for entry in _entries(trainer.get("callbacks")):
-        checkpoints = entry.class_path.endswith((".Checkpoints", ".ModelCheckpoint"))
-        if checkpoints and entry.init_args.get("dirpath") is None:
-            entry.init_args.dirpath = str(run_dir / "checkpoints")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jsonargparse import Namespace
 
 from minigpt.common import UsageError
 
@@ -226,3 +227,42 @@ def check_names(args: Sequence[str]) -> None:
                         f"{file}: {key}: no {key[:-1]} is named {name!r}; the names: {', '.join(known)} "
                         f"(another class: --trainer.{'callbacks' if kind is Callbacks else 'logger'}+=CLASS)"
                     )
+
+
+def use_new_names(config: Namespace) -> None:
+    """The config under the classes' new names (`FORMER_NAMES`), as --print_config and the
+    run's config.yaml show it: changes given under a former name in `callbacks:` and
+    `loggers:` moved to the new name, and former class paths in the trainer's lists (an older
+    run's config.yaml) replaced by the new ones, which name the same classes."""
+    for key in ("callbacks", "loggers"):
+        given = config.get(key)
+        if given is None:
+            continue
+        changes = under_new_names(vars(given))
+        for name in FORMER_NAMES:
+            if name in given:
+                del given[name]
+        for name, value in changes.items():
+            given[name] = value
+    for key in ("callbacks", "logger"):
+        for entry in entries_of(config.trainer.get(key)):
+            entry.class_path = FORMER_CLASS_PATHS.get(entry.class_path, entry.class_path)
+
+
+def entries_of(value: Any) -> list[Namespace]:
+    """The class_path entries of a `trainer.logger` or `trainer.callbacks` value (one or a list)."""
+    items = value if isinstance(value, list) else [value]
+    return [item for item in items if isinstance(item, Namespace) and item.get("class_path")]
+
+
+def place_in_run_folder(trainer: Namespace, run_dir: Path) -> None:
+    """Point the paths the YAML leaves null into the run folder: loggers' `save_dir`, and the
+    `dirpath` of Checkpoints or Lightning's ModelCheckpoint (`<run>/checkpoints`, where
+    `--ckpt_path last` looks)."""
+    for entry in entries_of(trainer.get("logger")):
+        if "save_dir" in entry.init_args and entry.init_args.save_dir is None:
+            entry.init_args.save_dir = str(run_dir)
+    for entry in entries_of(trainer.get("callbacks")):
+        checkpoints = entry.class_path.endswith((".Checkpoints", ".ModelCheckpoint"))
+        if checkpoints and entry.init_args.get("dirpath") is None:
+            entry.init_args.dirpath = str(run_dir / "checkpoints")

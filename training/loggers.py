@@ -277,9 +277,8 @@ class SafeCSVLogger(LightningCSVLogger):
             raise
 
 
+# The names these loggers had before, kept only so that an older run's config.yaml resolves.
 CSVLogger, WandbLogger = SafeCSVLogger, AutoWandbLogger
-"""The names these loggers had before, kept only so that the config.yaml of a run trained then
-(`class_path: minigpt.training.loggers.CSVLogger`, `...WandbLogger`) still resolves."""
 
 
 def _rewrite_header(path: Path, keys: list[str]) -> None:
@@ -293,11 +292,9 @@ def _rewrite_header(path: Path, keys: list[str]) -> None:
 
 
 def step_logs_written(trainer: Any) -> bool:
-    """Whether values a training step logs now reach the loggers. Lightning writes a step's values
-    every `log_every_n_steps` steps (and as it stops) and drops the others; each `self.log` call
-    costs ~0.5 ms of Python all the same, a few percent of a small model's step, so the
-    project's per-step figures are logged only on the steps that keep them. `trainer` None (a
-    module used without one): True."""
+    """Whether values a training step logs now reach the loggers (Lightning keeps a step's values
+    every `log_every_n_steps` steps and as it stops); each `self.log` costs its Python all the same
+    (docs/results/step-costs.md), so per-step figures are logged only then. True without a trainer."""
     if trainer is None or trainer.fast_dev_run:
         return True
     return step_logs_kept(trainer)
