@@ -92,6 +92,11 @@ class TextDataModule(L.LightningDataModule):
         """Tokens of the training split."""
         return self.prepared.num_tokens("train")
 
+    def micro_batch(self) -> tuple[int, str]:
+        """The tokens one process's batch holds, and how the run's summary says what it is."""
+        batch, length = self.config.batch_size, self.context_length
+        return batch * length, f"{batch} windows x {length} tokens"
+
     def summary(self) -> str:
         """What the data is, for the run's summary."""
         prepared = self.prepared

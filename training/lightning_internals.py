@@ -40,9 +40,9 @@ def step_logs_kept(trainer: L.Trainer) -> bool:
     step's values every `log_every_n_steps` steps (and as it stops), and drops the others.
 
     Relies on `trainer._logger_connector.should_update_logs`, which counts steps by the fit loop's
-    `_batches_that_stepped` (`logging_step`). Needed because each `self.log` call costs ~0.5 ms
-    of Python whether or not its value is kept, so per-step figures are logged only on the steps
-    that keep them. Tested on Lightning 2.6.6.
+    `_batches_that_stepped` (`logging_step`). Needed because each `self.log` call costs its Python
+    whether or not its value is kept (docs/results/step-costs.md), so per-step figures are logged
+    only on the steps that keep them. Tested on Lightning 2.6.6.
     """
     return bool(trainer._logger_connector.should_update_logs)
 

@@ -103,6 +103,11 @@ class ChatDataModule(L.LightningDataModule):
         """Ids the training conversations hold."""
         return len(self.examples("train").ids)
 
+    def micro_batch(self) -> tuple[int, str]:
+        """The ids one process's batch holds (padding included), and what it is, for the summary."""
+        batch, length = self.config.batch_size, self.context_length
+        return batch * length, f"{batch} windows x {length} tokens"
+
     def summary(self) -> str:
         """What the data is, for the run's summary."""
         train, val = self.examples("train"), self.examples("val")

@@ -128,6 +128,11 @@ class PreferenceDataModule(L.LightningDataModule):
         train = self._splits["train"]
         return len(train.chosen.ids) + len(train.rejected.ids)
 
+    def micro_batch(self) -> tuple[int, str]:
+        """The ids one process's batch holds, a chosen and a rejected window a pair, and what it is."""
+        batch, length = self.config.batch_size, self.context_length
+        return 2 * batch * length, f"{batch} pairs x 2 windows x {length} tokens"
+
     def summary(self) -> str:
         """What the data is, for the run's summary."""
         train, val = self._splits["train"], self._splits["val"]

@@ -197,6 +197,11 @@ class QuestionsDataModule(L.LightningDataModule):
         """Ids the training prompts hold."""
         return sum(len(ids) for ids in self._prompts.prompts)
 
+    def micro_batch(self) -> tuple[int, str]:
+        """The prompts' room one process's batch holds, and what it is (the answers come on top)."""
+        batch, length = self.config.batch_size, self.context_length
+        return batch * length, f"{batch} questions x {length} tokens"
+
     def summary(self) -> str:
         """What the data is, for the run's summary."""
         left_out = f" ({self._left_out:,} left out: no room for an answer)" if self._left_out else ""

@@ -120,6 +120,9 @@ def test_the_datamodule_holds_out_pairs_and_draws_max_pairs(tmp_path: Path) -> N
     assert len(data.windows("train")) == 18 and len(data.windows("val")) == 2
     x, y, index = next(iter(torch.utils.data.DataLoader(data.windows("train"), batch_size=4)))
     assert x.shape == (4, 2, 32) and index.tolist() == [0, 1, 2, 3]
+    # What the run's summary counts a batch as: both windows of each pair.
+    batch = data.config.batch_size
+    assert data.micro_batch() == (2 * batch * 32, f"{batch} pairs x 2 windows x 32 tokens")
     with pytest.raises(DataError, match="max_pairs must be at least 2"):
         PreferenceDataConfig(str(path), max_pairs=1)
     unread = PreferenceDataModule(PreferenceDataConfig(str(path)), 32)

@@ -220,7 +220,7 @@ def two_processes(same_run: tuple[Launch, Launch]) -> Launch:
     two = same_run[0]
     assert two.result.returncode == 0, two.result.stderr[-3000:]
     assert (
-        "global batch 1,024 tokens (micro-batch 8 x 64 tokens x 1 accumulated x 2 processes)"
+        "global batch 1,024 tokens (micro-batch 8 windows x 64 tokens x 1 accumulated x 2 processes)"
         in two.result.stderr
     )
     return two

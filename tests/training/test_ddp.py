@@ -54,7 +54,7 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 
 def test_two_processes_follow_the_loss_curve_of_one(two_processes: Launch, one_process: Launch) -> None:
     assert (
-        "global batch 1,024 tokens (micro-batch 8 x 64 tokens x 2 accumulated x 1 process)"
+        "global batch 1,024 tokens (micro-batch 8 windows x 64 tokens x 2 accumulated x 1 process)"
         in one_process.result.stderr
     )
     one, two = step_losses(one_process.records), step_losses(two_processes.records)

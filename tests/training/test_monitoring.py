@@ -151,7 +151,7 @@ def test_the_run_summary_says_what_will_happen_and_what_did(
     every = sum(p.numel() for p in trainer.lightning_module.model.parameters())
     assert f"training: all {every:,} parameters" in text  # test_lora.py: a LoRA run's count
     assert (
-        "6 in all, global batch 64 tokens (micro-batch 4 x 16 tokens x 1 accumulated x 1 process) "
+        "6 in all, global batch 64 tokens (micro-batch 4 windows x 16 tokens x 1 accumulated x 1 process) "
         "= 384 tokens" in text
     )
     best = float(trainer.checkpoint_callback.best_model_score)

@@ -198,7 +198,8 @@ class RunSummary(L.Callback):
         self._start = time.perf_counter()
         data = trainer.datamodule
         config = pl_module.model.config
-        self._tokens_per_step = tokens_per_step(trainer, data.config.batch_size * data.context_length)
+        batch_tokens, batch = data.micro_batch()  # the data module says what a batch is
+        self._tokens_per_step = tokens_per_step(trainer, batch_tokens)
         if not trainer.is_global_zero:
             return
         steps = trainer.estimated_stepping_batches
@@ -217,9 +218,9 @@ class RunSummary(L.Callback):
             pl_module.training_summary(params),
             f"data: {data_line}",
             f"steps: {trainer.global_step:,} done, {steps:,} in all, global batch {self._tokens_per_step:,} "
-            f"tokens (micro-batch {data.config.batch_size} x {data.context_length} tokens x "
-            f"{trainer.accumulate_grad_batches} accumulated x {trainer.world_size} "
-            f"{'process' if trainer.world_size == 1 else 'processes'}) = {short_count(total)} tokens, "
+            f"tokens (micro-batch {batch} x {trainer.accumulate_grad_batches} accumulated x "
+            f"{trainer.world_size} {'process' if trainer.world_size == 1 else 'processes'}) = "
+            f"{short_count(total)} tokens, "
             f"{total / max(train_tokens, 1):.1f} passes over the training tokens",
             f"compute: {flops / 1e6:.1f} MFLOPs per token, {flops * total / 1e15:.2f} PFLOPs in all; "
             f"{trainer.precision} on {_device(pl_module.device)}{_optimizer_line(trainer, pl_module)}",
