@@ -23,8 +23,9 @@ from minigpt.common import WRITE_FAILURES, UsageError, WriteError, reporting_wri
 from minigpt.data import TextDataModule
 from minigpt.training.callbacks.checkpoints import CheckpointWriteError
 from minigpt.training.callbacks.guards import DivergenceError, SaveAndStopOnSignal
-from minigpt.training.lightning_internals import logged_values_stay_put
+from minigpt.training.lightning_internals import hooks_reach_listeners_only, logged_values_stay_put
 from minigpt.training.lit import LitGPT
+from minigpt.training.profiler import QuietProfiler
 
 from .command import USER_ERRORS, report, resolve_config_args
 from .train_cli import MiniGPTCLI
@@ -162,6 +163,7 @@ def train_main(args: Sequence[str] | None = None) -> int:
         "ignore", message=r"The number of training batches \(\d+\) is smaller than the logging interval"
     )
     logged_values_stay_put()  # every self.log call, in the steps and the callbacks
+    hooks_reach_listeners_only(QuietProfiler)  # every callback hook, five a step
     argv = list(sys.argv[1:] if args is None else args)
     # The config dataclasses document each field in a docstring under it; show those in --help.
     # Reading them means reading every class's source (~0.4 s), which only --help uses.

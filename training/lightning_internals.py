@@ -18,8 +18,9 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy, ParallelStrategy, SingleDeviceStrategy
+from lightning.pytorch.trainer import call
 from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultMetric
 
 # -- the trainer and its loops ------------------------------------------------------------------
@@ -172,6 +173,49 @@ def logged_values_stay_put() -> None:
 
     to.stays_put = True  # type: ignore[attr-defined]
     _ResultMetric.to = to  # type: ignore[method-assign]
+
+
+def hooks_reach_listeners_only(quiet: type) -> None:
+    """Make the trainer call a callback's hook only where the callback defines it, when its
+    profiler is a `quiet` one (records nothing).
+
+    Lightning calls every hook of every callback at every step, most of them `Callback`'s own
+    empty methods, and for each it formats the profiler's name for the call from the callback's
+    `state_key` (ModelCheckpoint builds its key from its settings each time) whether or not the
+    profiler records it. A training step calls five hooks (docs/results/loop.md). Left to
+    Lightning: a profiler that records, and the calls that pick monitoring callbacks. Relies on
+    `lightning.pytorch.trainer.call._call_callback_hooks`, which the loops call through the module,
+    and on `LightningModule._current_fx_name`, which it sets around the calls as Lightning does.
+    Installed once per process. Tested on Lightning 2.6.6.
+    """
+    original = call._call_callback_hooks
+    if getattr(original, "listeners_only", False):
+        return
+    defined: dict[tuple[type, str], bool] = {}
+
+    def listens(callback: Callback, hook: str) -> bool:
+        kind = type(callback)
+        if (kind, hook) not in defined:
+            defined[kind, hook] = getattr(kind, hook, None) is not getattr(Callback, hook, None)
+        return defined[kind, hook] or hook in vars(callback)
+
+    def call_hooks(
+        trainer: L.Trainer, hook: str, *args: Any, monitoring_callbacks: bool | None = None, **kwargs: Any
+    ) -> None:
+        if monitoring_callbacks is not None or not isinstance(trainer.profiler, quiet):
+            original(trainer, hook, *args, monitoring_callbacks=monitoring_callbacks, **kwargs)
+            return
+        module = trainer.lightning_module
+        if module is not None:
+            previous, module._current_fx_name = module._current_fx_name, hook
+        for callback in trainer.callbacks:
+            if listens(callback, hook):
+                getattr(callback, hook)(trainer, module, *args, **kwargs)
+        if module is not None:
+            module._current_fx_name = previous
+
+    call_hooks.listeners_only = True  # type: ignore[attr-defined]
+    call._call_callback_hooks = call_hooks
 
 
 # -- callbacks ----------------------------------------------------------------------------------

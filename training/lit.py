@@ -84,6 +84,8 @@ class LitGPT(L.LightningModule):
         self.tokenizer_spec: dict[str, Any] | None = None
         self.grad_norm: torch.Tensor | None = None
         """Global gradient norm of the last optimizer step, before clipping (None without clipping)."""
+        self._clipped: list[torch.nn.Parameter] | None = None
+        """The parameters clipping reads, listed once: `parameters()` walks every module each step."""
         self._token_bytes: torch.Tensor | None = None
         """(n_vocab,) int64: the UTF-8 bytes each token id stands for (0: end-of-text)."""
         self._val_score: BitsPerByte | None = None
@@ -201,9 +203,9 @@ class LitGPT(L.LightningModule):
                 # Each rank holds a shard of the gradients: FSDP's own clipping takes the norm of all.
                 self.grad_norm = root.clip_grad_norm_(self.optim_config.grad_clip)
             else:
-                self.grad_norm = torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(), self.optim_config.grad_clip
-                )
+                if self._clipped is None:
+                    self._clipped = [p for p in self.model.parameters() if p.requires_grad]
+                self.grad_norm = torch.nn.utils.clip_grad_norm_(self._clipped, self.optim_config.grad_clip)
             if step_logs_written(self.trainer):
                 self.log("grad_norm", self.grad_norm)
 

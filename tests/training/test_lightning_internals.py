@@ -21,6 +21,7 @@ from minigpt.training.lightning_internals import (
     expect_ranks_to_stop,
     gradients_kept_local,
     help_showing,
+    hooks_reach_listeners_only,
     keep_stopped_epoch_open,
     logged_values_stay_put,
     logging_step,
@@ -329,3 +330,37 @@ def test_a_logged_store_on_another_device_still_moves() -> None:
     store.to(torch.device("cpu"))  # where it is: nothing to do
     store.to(torch.device("meta"))  # this machine's other device: every state goes
     assert store.value.device.type == store.cumulated_batch_size.device.type == "meta"
+
+
+def test_hooks_reach_listeners_only_calls_what_callbacks_define(tmp_path: Path, monkeypatch) -> None:
+    from lightning.pytorch.callbacks import Callback
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    from minigpt.training.profiler import QuietProfiler
+
+    hooks_reach_listeners_only(QuietProfiler)
+    hooks_reach_listeners_only(QuietProfiler)  # once is enough
+    empty = []  # Callback's own empty hook, which a callback that does not define it inherits
+    monkeypatch.setattr(Callback, "on_before_backward", lambda *a, **k: empty.append(1))
+
+    class Listens(Callback):
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, int, str]] = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            self.calls.append(("end", batch_idx, pl_module._current_fx_name))
+
+    listens, silent = Listens(), Callback()
+    silent.on_train_batch_start = lambda trainer, module, batch, i: listens.calls.append(("start", i, ""))
+    trainer = make_trainer(tmp_path, max_steps=3, callbacks=[listens, silent], profiler=QuietProfiler())
+    trainer.fit(BoringModel())
+    expected = [(("start", i, ""), ("end", i, "on_train_batch_end")) for i in range(3)]
+    assert listens.calls == [call for pair in expected for call in pair]
+    assert not empty  # no callback defines on_before_backward: nothing is called
+
+    # A profiler that records gets Lightning's own calls, each hook of each callback profiled.
+    profiler = SimpleProfiler()
+    trainer = make_trainer(tmp_path, max_steps=2, callbacks=[Listens()], profiler=profiler)
+    trainer.fit(BoringModel())
+    assert len(empty) == 2
+    assert any(name.endswith("Listens.on_train_batch_end") for name in profiler.recorded_durations)
