@@ -4,6 +4,7 @@ folder, `--print_config` after them, and the checks of the objects it builds. It
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -21,6 +22,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from minigpt.checkpoints.pretrained import open_pretrained, pretrained_config
 from minigpt.common import UsageError
 from minigpt.data.chat.datamodule import ChatDataModule
+from minigpt.data.config import micro_batch
 from minigpt.model import GPTConfig
 from minigpt.training.allocator import keep_freed_memory
 from minigpt.training.global_batch import apply_tokens_per_step, planned_accumulation
@@ -90,7 +92,8 @@ class MiniGPTCLI(LightningCLI):
             type=int | None,
             default=None,
             help="The global batch: tokens per optimizer step over every process. accumulate_grad_batches "
-            "follows from it, the micro-batch (data.config.batch_size x context) and the number of "
+            "follows from it, the micro-batch (batch_size x context; two windows a pair for preference "
+            "pairs) and the number of "
             "processes, so the optimisation is the same on any number of devices. null: as the trainer says.",
         )
         parser.add_argument(
@@ -154,12 +157,13 @@ class MiniGPTCLI(LightningCLI):
     def planned_accumulation(self) -> str:
         config = self.config
         data = config.data.init_args
-        # ChatDataModule's, PreferenceDataModule's or TextDataModule's
-        settings = data.get("conversations") or data.get("pairs") or data.config
+        # ChatDataModule's, PreferenceDataModule's, QuestionsDataModule's or TextDataModule's
+        settings = data.get("conversations") or data.get("pairs") or data.get("questions") or data.config
+        module_name, _, name = config.data.class_path.rpartition(".")  # resolved by the parser
+        rows = getattr(importlib.import_module(module_name), name).batch_rows
         return planned_accumulation(
             config.tokens_per_step,
-            settings.batch_size,
-            config.data.init_args.context_length,
+            micro_batch(settings.batch_size, data.context_length, rows),
             config.trainer.get("devices"),
             config.trainer.get("num_nodes") or 1,
         )
@@ -251,8 +255,7 @@ class MiniGPTCLI(LightningCLI):
                 )
             use_tokenizer(self.weights_tokenizer)
         if (tokens := self.config.get("tokens_per_step")) is not None:
-            data = self.datamodule
-            apply_tokens_per_step(self.trainer, tokens, data.config.batch_size, data.context_length)
+            apply_tokens_per_step(self.trainer, tokens, self.datamodule.micro_batch())
 
 
 def user_error_in(err: BaseException) -> BaseException | None:

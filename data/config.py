@@ -92,6 +92,19 @@ class DataConfig:
         return {option: getattr(self, option) for option in tokenizer_class(self.tokenizer).options}
 
 
+WINDOWS = ("windows", 1)
+"""What a batch of text or chat holds a row of: one window (`micro_batch`)."""
+
+
+def micro_batch(batch_size: int, context_length: int, rows: tuple[str, int] = WINDOWS) -> tuple[int, str]:
+    """The ids one process's batch holds, and how to say what it is: `batch_size` rows, each
+    `rows[1]` windows of `context_length` tokens, a row named `rows[0]` ("16 pairs x 2 windows x
+    128 tokens"). What the run summary prints and `tokens_per_step` divides by."""
+    name, windows = rows
+    each = f"{windows} windows x " if windows > 1 else ""
+    return batch_size * windows * context_length, f"{batch_size} {name} x {each}{context_length} tokens"
+
+
 def check_batching(config: Any, prefix: str = "") -> None:
     """The settings every kind of data shares for holding out and batching what it reads:
     `val_fraction` (where `config` has one), `batch_size` and `num_workers`, each refused in one

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from minigpt.common import another_folder_with, short_count
 
-from .config import DataConfig
+from .config import WINDOWS, DataConfig, micro_batch
 from .errors import DataError
 from .loader import ResumableLoader
 from .prepare import PreparedData, open_prepared, prepare
@@ -92,10 +92,12 @@ class TextDataModule(L.LightningDataModule):
         """Tokens of the training split."""
         return self.prepared.num_tokens("train")
 
+    batch_rows = WINDOWS
+    """What a row of a batch is (`micro_batch`)."""
+
     def micro_batch(self) -> tuple[int, str]:
         """The tokens one process's batch holds, and how the run's summary says what it is."""
-        batch, length = self.config.batch_size, self.context_length
-        return batch * length, f"{batch} windows x {length} tokens"
+        return micro_batch(self.config.batch_size, self.context_length, self.batch_rows)
 
     def summary(self) -> str:
         """What the data is, for the run's summary."""

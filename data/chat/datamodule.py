@@ -8,6 +8,7 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader
 
+from ..config import WINDOWS, micro_batch
 from ..datamodule import loader_options
 from ..errors import DataError
 from ..loader import EpochShuffle, ResumableLoader
@@ -103,10 +104,12 @@ class ChatDataModule(L.LightningDataModule):
         """Ids the training conversations hold."""
         return len(self.examples("train").ids)
 
+    batch_rows = WINDOWS
+    """What a row of a batch is (`micro_batch`)."""
+
     def micro_batch(self) -> tuple[int, str]:
         """The ids one process's batch holds (padding included), and what it is, for the summary."""
-        batch, length = self.config.batch_size, self.context_length
-        return batch * length, f"{batch} windows x {length} tokens"
+        return micro_batch(self.config.batch_size, self.context_length, self.batch_rows)
 
     def summary(self) -> str:
         """What the data is, for the run's summary."""

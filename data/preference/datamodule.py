@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 from ..chat.conversations import check_reading
 from ..chat.datamodule import held_out
 from ..chat.template import ChatEncoder
+from ..config import micro_batch
 from ..datamodule import loader_options
 from ..errors import DataError
 from ..loader import EpochShuffle, ResumableLoader
@@ -128,10 +129,12 @@ class PreferenceDataModule(L.LightningDataModule):
         train = self._splits["train"]
         return len(train.chosen.ids) + len(train.rejected.ids)
 
+    batch_rows = ("pairs", 2)
+    """A row of a batch: a pair, its chosen and its rejected window (`micro_batch`)."""
+
     def micro_batch(self) -> tuple[int, str]:
         """The ids one process's batch holds, a chosen and a rejected window a pair, and what it is."""
-        batch, length = self.config.batch_size, self.context_length
-        return 2 * batch * length, f"{batch} pairs x 2 windows x {length} tokens"
+        return micro_batch(self.config.batch_size, self.context_length, self.batch_rows)
 
     def summary(self) -> str:
         """What the data is, for the run's summary."""

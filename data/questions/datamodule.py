@@ -21,7 +21,7 @@ import numpy as np
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..chat.template import ChatEncoder
-from ..config import check_batching
+from ..config import check_batching, micro_batch
 from ..corpus import resolve_corpus
 from ..datamodule import loader_options
 from ..errors import DataError
@@ -197,10 +197,12 @@ class QuestionsDataModule(L.LightningDataModule):
         """Ids the training prompts hold."""
         return sum(len(ids) for ids in self._prompts.prompts)
 
+    batch_rows = ("questions", 1)
+    """A row of a batch: a question's prompt (`micro_batch`)."""
+
     def micro_batch(self) -> tuple[int, str]:
         """The prompts' room one process's batch holds, and what it is (the answers come on top)."""
-        batch, length = self.config.batch_size, self.context_length
-        return batch * length, f"{batch} questions x {length} tokens"
+        return micro_batch(self.config.batch_size, self.context_length, self.batch_rows)
 
     def summary(self) -> str:
         """What the data is, for the run's summary."""

@@ -150,7 +150,7 @@ def test_the_fsdp_configs_build_lightnings_fsdp_strategy(name: str, cluster: pyt
         (
             ("--tokens_per_step", "5000"),
             "error: tokens_per_step 5,000 is not a multiple of the 1,024 tokens one pass of every process "
-            "reads (batch 16 x context 64 x 1 process): 4,096 or 5,120 would work",
+            "reads (16 windows x 64 tokens x 1 process): 4,096 or 5,120 would work",
         ),
         (
             ("--tokens_per_step", "4096", "--trainer.accumulate_grad_batches", "2"),
@@ -193,6 +193,6 @@ def test_print_config_shows_tokens_per_step_and_the_accumulation_it_gives(
     out = capsys.readouterr().out
     assert yaml.safe_load(out)["tokens_per_step"] == 8192
     assert out.splitlines()[-1] == (
-        "# tokens_per_step 8,192 = batch 16 x context 64 x 2 processes x accumulate_grad_batches 4 "
+        "# tokens_per_step 8,192 = 16 windows x 64 tokens x 2 processes x accumulate_grad_batches 4 "
         "(set at start)"
     )

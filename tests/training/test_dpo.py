@@ -24,6 +24,7 @@ from minigpt.training.dpo import REFERENCE_KEY
 from minigpt.training.loss import token_losses
 from minigpt.training.preference_loss import DPOConfig, answer_logps, preference_losses, reward_stats
 
+from ..cli.helpers import parse
 from .helpers import BASE, assert_identical, last_checkpoint, step_losses
 
 
@@ -220,3 +221,10 @@ def test_under_lora_the_reference_is_the_model_with_its_adapters_off(
     reference = last_checkpoint(run)[REFERENCE_KEY]["train"]
     assert reference.shape == (36, 2) and (reference < 0).all()
     assert (run / "adapter" / "adapter_config.json").is_file()
+
+
+def test_tokens_per_step_counts_both_windows_of_a_pair(files: tuple[Path, Path], tmp_path: Path) -> None:
+    # 8 pairs a batch, each a chosen and a rejected window of the weights' 48 tokens: 768 tokens.
+    cli = parse(*dpo_args(files, tmp_path / "run", "--tokens_per_step", "1536"))
+    assert cli.datamodule.micro_batch() == (768, "8 pairs x 2 windows x 48 tokens")
+    assert cli.trainer.accumulate_grad_batches == 2
