@@ -175,29 +175,29 @@ def orthogonalise(
     iterates on X^T X (`newton_schulz`). At small shapes those copies were a tenth of Muon's step."""
     by_shape: dict[tuple[int, int], list[int]] = {}
     for i, matrix in enumerate(matrices):
-        rows = (row_blocks[i] if row_blocks is not None else None) or matrix.size(0)
-        by_shape.setdefault((rows, matrix.size(1)), []).append(i)
+        rows = (row_blocks[i] if row_blocks is not None else None) or matrix.shape[0]
+        by_shape.setdefault((rows, matrix.shape[1]), []).append(i)
     done: dict[int, Tensor] = {}
     for (rows, cols), indices in by_shape.items():
         blocks = [matrices[i].reshape(-1, rows, cols) for i in indices]
-        stack = torch.empty(sum(len(b) for b in blocks), rows, cols, dtype=dtype, device=blocks[0].device)
+        # Where each matrix's blocks start in the stack (shape[0], not len(): a tensor's len() is
+        # a Python call of its own, and this runs for every matrix at every step).
+        starts = [0]
+        for block in blocks:
+            starts.append(starts[-1] + block.shape[0])
+        stack = torch.empty(starts[-1], rows, cols, dtype=dtype, device=blocks[0].device)
         if lerp_from is None:
             torch.cat(blocks, out=stack)  # and into `dtype`
         else:
             same = stack.dtype == blocks[0].dtype
             gathered = stack if same else torch.empty_like(stack, dtype=blocks[0].dtype)
-            start = 0
-            for i, block in zip(indices, blocks, strict=True):
-                end = start + len(block)
+            for i, block, start, end in zip(indices, blocks, starts, starts[1:], strict=False):
                 torch.lerp(lerp_from[i].reshape(block.shape), block, weight, out=gathered[start:end])
-                start = end
             if not same:
                 stack.copy_(gathered)
         stack = newton_schulz(stack, coefficients, eps, norm)
-        start = 0
-        for i, block in zip(indices, blocks, strict=True):
-            done[i] = stack[start : start + len(block)].view(matrices[i].shape)
-            start += len(block)
+        for i, start, end in zip(indices, starts, starts[1:], strict=False):
+            done[i] = stack[start:end].view(matrices[i].shape)
     return [done[i] for i in range(len(matrices))]
 
 
@@ -224,7 +224,8 @@ def newton_schulz(
     (`_newton_schulz_gram`), which does fewer products."""
     tall = stack.size(-2) > stack.size(-1)
     if norm == "gram":
-        gram = stack.mT @ stack if tall else stack @ stack.mT  # (N, n, n), n the shorter side
+        # (N, n, n), n the shorter side
+        gram = torch.bmm(stack.mT, stack) if tall else torch.bmm(stack, stack.mT)
         scale = torch.linalg.matrix_norm(gram, keepdim=True).clamp(min=eps * eps)
         x, gram = stack / scale.sqrt(), gram.div_(scale)
     elif norm == "frobenius":
@@ -235,7 +236,7 @@ def newton_schulz(
         return _newton_schulz_gram(x, coefficients, tall, gram)
     for a, b, c in coefficients:
         if gram is None:
-            gram = x.mT @ x if tall else x @ x.mT
+            gram = torch.bmm(x.mT, x) if tall else torch.bmm(x, x.mT)
         polynomial = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
         x = torch.baddbmm(x, x, polynomial, beta=a) if tall else torch.baddbmm(x, polynomial, x, beta=a)
         gram = None
@@ -254,14 +255,15 @@ def _newton_schulz_gram(
     2 rows^2 cols once (A_0 and Q X_0): fewer FLOPs for a wide X. In bf16 the repeated products
     of A drift, so bf16 keeps the direct iteration. `gram` is A_0 where the caller has it."""
     if gram is None:
-        gram = x.mT @ x if tall else x @ x.mT  # (N, n, n)
+        gram = torch.bmm(x.mT, x) if tall else torch.bmm(x, x.mT)  # (N, n, n)
     product = None
     steps = len(coefficients)
     for step, (a, b, c) in enumerate(coefficients):
         polynomial = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
         polynomial.diagonal(dim1=-2, dim2=-1).add_(a)
-        product = polynomial if product is None else polynomial @ product
+        # bmm, not @: matmul's checks and reshapes of 3-d operands cost as much as these small products
+        product = polynomial if product is None else torch.bmm(polynomial, product)
         if step < steps - 1:
-            gram = polynomial @ (gram @ polynomial)
+            gram = torch.bmm(polynomial, torch.bmm(gram, polynomial))
     assert product is not None
-    return x @ product if tall else product @ x  # Q is symmetric: (Q X^T)^T = X Q
+    return torch.bmm(x, product) if tall else torch.bmm(product, x)  # Q is symmetric: (Q X^T)^T = X Q
