@@ -4,6 +4,7 @@
     python benchmarks/experiments/loop_costs.py empty    # Lightning's loop around an empty step
     python benchmarks/experiments/loop_costs.py split    # train.py at the micro shape, its parts timed
     python benchmarks/experiments/loop_costs.py log      # one self.log call, with and without the wrapper
+    python benchmarks/experiments/loop_costs.py gaps     # train.py's micro step as a timeline of its parts
 
 `empty` fits a one-parameter module whose step does nothing, with 15 callbacks that do nothing,
 for 3,000 steps, four ways taking turns in fresh processes: automatic or manual optimization, with
@@ -13,12 +14,18 @@ that make up a step wrapped in timers, and prints each one's milliseconds a step
 nest: the training step holds the backward, which holds the callbacks' backward hooks).
 `log` times `self.log` in a step that does nothing else (four values a step, 2,000 steps), in
 fresh processes taking turns, with `logged_values_stay_put` installed and without it.
+`gaps` runs train.py as `split` does and notes the time as each part of a step begins and ends:
+the step's own work (forward, backward, clipping, the optimizer's arithmetic, the weight average),
+Lightning's batch (fetching, moving to the device, the training step) and each callback hook. It
+prints the milliseconds a step between each pair of marks that follow one another, from step 100
+on: the spans between the work's marks are what the loop adds, and the hooks' marks say where.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import subprocess
 import sys
 import time
@@ -154,10 +161,82 @@ def split() -> None:
         print(f"| {label} | {seconds / steps * 1e3:.3f} ms |")
 
 
+def gaps() -> None:
+    import torch
+    from lightning.pytorch.loops import fetchers, training_epoch_loop
+    from lightning.pytorch.strategies import Strategy
+    from lightning.pytorch.trainer import call
+
+    from minigpt.cli import train
+    from minigpt.model import GPT
+    from minigpt.training.callbacks.averaging import MovingAverage
+    from minigpt.training.lit import LitGPT
+    from step_overhead import SHAPES, train_args
+
+    marks: list[tuple[str, float]] = []
+
+    def marked(owner: Any, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            marks.append((f"{label} begins", time.perf_counter()))
+            try:
+                return original(*args, **kwargs)
+            finally:
+                marks.append((f"{label} ends", time.perf_counter()))
+
+        setattr(owner, name, wrapper)
+
+    for owner, name, label in [
+        (GPT, "forward", "forward"), (torch.autograd, "backward", "backward"),
+        (torch.nn.utils, "clip_grad_norm_", "clipping"),
+        (sys.modules["torch.optim.adam"], "adam", "AdamW's arithmetic"),
+        (MovingAverage, "update_parameters", "weight average"),
+        (fetchers._PrefetchDataFetcher, "__next__", "fetch"), (Strategy, "batch_to_device", "to device"),
+        (LitGPT, "training_step", "training_step"),
+        (training_epoch_loop._TrainingEpochLoop, "on_advance_end", "loop's batch end"),
+    ]:  # fmt: skip
+        marked(owner, name, label)
+    install = train.hooks_reach_listeners_only
+
+    def install_then_mark(quiet: type) -> None:  # train.py installs its hook calls: mark those
+        install(quiet)
+        calls = call._call_callback_hooks
+
+        def hooks(trainer: Any, hook: str, *args: Any, **kwargs: Any) -> None:
+            marks.append((f"{hook} begins", time.perf_counter()))
+            calls(trainer, hook, *args, **kwargs)
+            marks.append((f"{hook} ends", time.perf_counter()))
+
+        call._call_callback_hooks = hooks
+
+    train.hooks_reach_listeners_only = install_then_mark
+    steps = 1500
+    folder = Path(__import__("tempfile").mkdtemp())
+    args = train_args(SHAPES["micro"], steps, ["--trainer.precision", "32-true"], folder / "run")
+    train.train_main([*args, "--trainer.enable_progress_bar", "false"])
+    first = [i for i, (label, _) in enumerate(marks) if label == "forward begins"][100]
+    spans: collections.Counter[tuple[str, str]] = collections.Counter()
+    times: collections.Counter[tuple[str, str]] = collections.Counter()
+    for (label, at), (then, later) in itertools.pairwise(marks[first:]):
+        spans[label, then] += later - at
+        times[label, then] += 1
+    counted = steps - 100
+    every = {span: seconds for span, seconds in spans.items() if times[span] >= counted - 1}  # not the end's
+    print("| from | to | ms a step |\n|---|---|---|")
+    for (label, then), seconds in sorted(every.items(), key=lambda item: -item[1]):
+        if seconds / counted * 1e3 >= 0.005:
+            print(f"| {label} | {then} | {seconds / counted * 1e3:.3f} |")
+    print(f"| every span that runs each step | | {sum(every.values()) / counted * 1e3:.3f} |")
+
+
 def main() -> None:
     what = sys.argv[1] if len(sys.argv) > 1 else "empty"
     if what == "split":
         split()
+    elif what == "gaps":
+        gaps()
     elif what == "log-one":
         print(log_call(sys.argv[2] == "on"))
     elif what == "log":
