@@ -4,7 +4,6 @@ folder, `--print_config` after them, and the checks of the objects it builds. It
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -43,6 +42,7 @@ from .train_defaults import (
 )
 from .train_parser import (
     TrainParser,
+    class_at,
     class_path,
     data_nulls_as_dicts,
     help_topic,
@@ -159,8 +159,7 @@ class MiniGPTCLI(LightningCLI):
         data = config.data.init_args
         # ChatDataModule's, PreferenceDataModule's, QuestionsDataModule's or TextDataModule's
         settings = data.get("conversations") or data.get("pairs") or data.get("questions") or data.config
-        module_name, _, name = config.data.class_path.rpartition(".")  # resolved by the parser
-        rows = getattr(importlib.import_module(module_name), name).batch_rows
+        rows = class_at(config.data.class_path).batch_rows  # a class the parser resolved
         return planned_accumulation(
             config.tokens_per_step,
             micro_batch(settings.batch_size, data.context_length, rows),

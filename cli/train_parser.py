@@ -164,11 +164,7 @@ def model_class_named(args: list[str], default: type) -> type:
             named = value
     if named is None or named == class_path(default):
         return default
-    module_name, _, name = str(named).rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module_name), name, None) if module_name else None
-    except ImportError:
-        found = None
+    found = class_at(str(named))
     if not (isinstance(found, type) and issubclass(found, default)):
         raise UsageError(
             f"model.class_path {named} is not a subclass of {class_path(default)} "
@@ -180,3 +176,12 @@ def model_class_named(args: list[str], default: type) -> type:
 def class_path(cls: type) -> str:
     """The import path a config names `cls` by."""
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def class_at(path: str) -> Any:
+    """What the import path `path` names (`class_path`'s inverse); None where nothing is there."""
+    module_name, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name, None) if module_name else None
+    except ImportError:
+        return None
