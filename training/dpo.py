@@ -16,7 +16,8 @@ from dataclasses import asdict
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from lightning.pytorch.strategies import DDPStrategy
+from torch.utils.data import DataLoader, Subset
 
 from .lit import LitGPT
 from .loggers import step_logs_written
@@ -53,17 +54,28 @@ class LitDPO(LitGPT):
     @torch.no_grad()
     def reference_logps(self, split: str) -> torch.Tensor:
         """The current weights' summed log-probability of each pair's answers in `split`, `(pairs, 2)`,
-        without dropout and in the arithmetic the steps use."""
-        data = self.trainer.datamodule
+        without dropout and in the arithmetic the steps use.
+
+        Under DDP each rank scores every `world_size`-th pair from its own rank on, and the ranks
+        add up their tables, in which every other pair's row is zero. Elsewhere (one process, or
+        FSDP, whose forward every rank must take the same number of times) each process scores all."""
+        trainer = self.trainer
+        data = trainer.datamodule
         windows = data.windows(split)
         out = torch.zeros(len(windows), 2, device=self.device)
+        shared = isinstance(trainer.strategy, DDPStrategy) and trainer.world_size > 1
+        mine = (
+            Subset(windows, range(trainer.global_rank, len(windows), trainer.world_size))
+            if shared
+            else windows
+        )
         training = self.model.training
         self.model.eval()
-        with self.trainer.precision_plugin.forward_context():
-            for x, y, index in DataLoader(windows, batch_size=data.config.batch_size):
+        with trainer.precision_plugin.forward_context():
+            for x, y, index in DataLoader(mine, batch_size=data.config.batch_size):
                 out[index.to(self.device)] = self.answer_logps(x.to(self.device), y.to(self.device))[0]
         self.model.train(training)
-        return out
+        return trainer.strategy.reduce(out, reduce_op="sum") if shared else out
 
     def answer_logps(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The summed log-probability of each pair's two answers, `(B, 2)` fp32, and their token

@@ -61,6 +61,30 @@ class RecordRank(L.Callback):
         self._write(trainer)
 
 
+class CountReferencePairs(L.Callback):
+    """Writes `<folder>/reference<r>.json` for each rank: how many pairs `LitDPO` scored for its
+    reference before the first step (its `answer_logps` counted from `on_fit_start`, which runs
+    before the module's, to `on_train_start`)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+        self.pairs = 0
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        score = pl_module.answer_logps
+
+        def counted(x: torch.Tensor, y: torch.Tensor):
+            self.pairs += len(x)
+            return score(x, y)
+
+        pl_module.answer_logps = counted
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        del pl_module.answer_logps  # the method again
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"reference{trainer.global_rank}.json").write_text(json.dumps(self.pairs))
+
+
 class RecordStepLoss(L.Callback):
     """Writes `<folder>/steps.json` from rank 0: the loss of each optimizer step over its whole
     global batch, the mean over the accumulated micro-batches and over the ranks (Lightning hands

@@ -25,6 +25,7 @@ from minigpt.training.loss import token_losses
 from minigpt.training.preference_loss import DPOConfig, answer_logps, preference_losses, reward_stats
 
 from ..cli.helpers import parse
+from .conftest import ENV, PROBES, finish, start_script
 from .helpers import BASE, assert_identical, last_checkpoint, step_losses
 
 
@@ -192,6 +193,23 @@ def test_a_dpo_run_that_finished_trains_on_bit_exactly(
     assert a["global_step"] == b["global_step"] == 8
     for key in ("state_dict", "optimizer_states", "torch_rng_state", REFERENCE_KEY):
         assert_identical(a[key], b[key], key)
+
+
+@pytest.mark.slow  # two processes through train.py
+def test_under_ddp_the_ranks_split_the_reference_and_end_with_one_process_table(
+    files: tuple[Path, Path], straight: Path, tmp_path: Path
+) -> None:
+    run, records = tmp_path / "ddp", tmp_path / "records"
+    ddp = ("--trainer.devices", "2", "--trainer.strategy", "ddp", "--trainer.max_steps", "1")
+    count = (f"--trainer.callbacks+={PROBES}.CountReferencePairs", f"--trainer.callbacks.folder={records}")
+    result = finish(start_script("train.py", *dpo_args(files, run, *ddp, *count), cwd=tmp_path, env=ENV))
+    assert result.returncode == 0, result.stderr[-3000:]
+    # 36 training pairs and 4 held out: each rank scores half of them.
+    assert [json.loads((records / f"reference{rank}.json").read_text()) for rank in (0, 1)] == [20, 20]
+    # And the ranks add their tables into the one a single process makes.
+    two, one = last_checkpoint(run)[REFERENCE_KEY], last_checkpoint(straight)[REFERENCE_KEY]
+    for split in ("train", "val"):
+        torch.testing.assert_close(two[split], one[split], rtol=1e-6, atol=0)
 
 
 @pytest.mark.slow  # trains through train.py
