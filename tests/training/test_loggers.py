@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 import wandb
 
@@ -82,3 +84,43 @@ def test_a_disabled_run_starts_without_wandb_warning_about_git(
     finally:
         wandb.finish()  # or the next test's logger would take over this run instead of starting one
     assert "git root" not in capfd.readouterr().err
+
+
+def test_a_starting_run_looks_for_launch_inputs_only_once_their_module_is_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from wandb.sdk import wandb_run
+    from wandb.sdk.launch.inputs import internal
+
+    applied = []
+    monkeypatch.setattr(internal.StagedLaunchInputs, "apply", lambda self, run: applied.append(run))
+    step = wandb_run.Run._detect_and_apply_job_inputs
+    monkeypatch.setattr(wandb_run.Run, "_detect_and_apply_job_inputs", step)  # put back after the test
+    loggers.launch_inputs_only_where_staged()
+    loggers.launch_inputs_only_where_staged()  # once per process: a second call changes nothing
+    run = object()
+    wandb_run.Run._detect_and_apply_job_inputs(run)  # the module is imported: wandb's own step runs
+    assert applied == [run]
+    monkeypatch.delitem(sys.modules, loggers.LAUNCH_INPUTS)
+    wandb_run.Run._detect_and_apply_job_inputs(run)  # nothing can have staged inputs: skipped
+    assert applied == [run] and loggers.LAUNCH_INPUTS not in sys.modules  # and not imported
+
+
+def test_wandb_stages_launch_inputs_in_that_module_alone() -> None:
+    """What the skip relies on: the run's step reads the inputs from LAUNCH_INPUTS, and no other
+    part of wandb makes the object that holds them."""
+    import inspect
+    from pathlib import Path
+
+    from wandb.sdk import wandb_run
+
+    step = wandb_run.Run._detect_and_apply_job_inputs
+    step = getattr(step, "wandb_step", step)  # wandb's own, where the skip is installed
+    assert f"from {loggers.LAUNCH_INPUTS} import StagedLaunchInputs" in inspect.getsource(step)
+    package = Path(wandb.__file__).parent
+    makers = [
+        path.relative_to(package).as_posix()
+        for path in package.rglob("*.py")
+        if "StagedLaunchInputs(" in path.read_text(encoding="utf-8", errors="replace")
+    ]
+    assert sorted(makers) == ["sdk/launch/inputs/internal.py", "sdk/wandb_run.py"]
