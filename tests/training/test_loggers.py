@@ -4,7 +4,7 @@ import pytest
 import wandb
 
 from minigpt.common import UsageError
-from minigpt.training import loggers
+from minigpt.training import loggers, wandb_process
 from minigpt.training.loggers import wandb_mode
 
 
@@ -96,14 +96,14 @@ def test_a_starting_run_looks_for_launch_inputs_only_once_their_module_is_import
     monkeypatch.setattr(internal.StagedLaunchInputs, "apply", lambda self, run: applied.append(run))
     step = wandb_run.Run._detect_and_apply_job_inputs
     monkeypatch.setattr(wandb_run.Run, "_detect_and_apply_job_inputs", step)  # put back after the test
-    loggers.launch_inputs_only_where_staged()
-    loggers.launch_inputs_only_where_staged()  # once per process: a second call changes nothing
+    wandb_process.launch_inputs_only_where_staged()
+    wandb_process.launch_inputs_only_where_staged()  # once per process: a second call changes nothing
     run = object()
     wandb_run.Run._detect_and_apply_job_inputs(run)  # the module is imported: wandb's own step runs
     assert applied == [run]
-    monkeypatch.delitem(sys.modules, loggers.LAUNCH_INPUTS)
+    monkeypatch.delitem(sys.modules, wandb_process.LAUNCH_INPUTS)
     wandb_run.Run._detect_and_apply_job_inputs(run)  # nothing can have staged inputs: skipped
-    assert applied == [run] and loggers.LAUNCH_INPUTS not in sys.modules  # and not imported
+    assert applied == [run] and wandb_process.LAUNCH_INPUTS not in sys.modules  # and not imported
 
 
 def test_wandb_stages_launch_inputs_in_that_module_alone() -> None:
@@ -116,7 +116,7 @@ def test_wandb_stages_launch_inputs_in_that_module_alone() -> None:
 
     step = wandb_run.Run._detect_and_apply_job_inputs
     step = getattr(step, "wandb_step", step)  # wandb's own, where the skip is installed
-    assert f"from {loggers.LAUNCH_INPUTS} import StagedLaunchInputs" in inspect.getsource(step)
+    assert f"from {wandb_process.LAUNCH_INPUTS} import StagedLaunchInputs" in inspect.getsource(step)
     package = Path(wandb.__file__).parent
     makers = [
         path.relative_to(package).as_posix()
