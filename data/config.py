@@ -105,6 +105,17 @@ def micro_batch(batch_size: int, context_length: int, rows: tuple[str, int] = WI
     return batch_size * windows * context_length, f"{batch_size} {name} x {each}{context_length} tokens"
 
 
+class CountsBatches:
+    """A data module's `micro_batch()`, from its `config.batch_size`, its `context_length` and
+    `batch_rows`, what one row of its batches is (`micro_batch`)."""
+
+    batch_rows = WINDOWS
+
+    def micro_batch(self) -> tuple[int, str]:
+        """The ids one process's batch holds, and what it is, for the summary and `tokens_per_step`."""
+        return micro_batch(self.config.batch_size, self.context_length, self.batch_rows)  # type: ignore[attr-defined]
+
+
 def check_batching(config: Any, prefix: str = "") -> None:
     """The settings every kind of data shares for holding out and batching what it reads:
     `val_fraction` (where `config` has one), `batch_size` and `num_workers`, each refused in one

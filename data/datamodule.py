@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from minigpt.common import another_folder_with, short_count
 
-from .config import WINDOWS, DataConfig, micro_batch
+from .config import CountsBatches, DataConfig
 from .errors import DataError
 from .loader import ResumableLoader
 from .prepare import PreparedData, open_prepared, prepare
@@ -18,7 +18,7 @@ from .tokenizer import Tokenizer
 from .windows import TokenWindows, TrainWindowSampler, ValWindowSampler, validated_windows
 
 
-class TextDataModule(L.LightningDataModule):
+class TextDataModule(CountsBatches, L.LightningDataModule):
     """Batches of ``(x, y)``, each ``(B, T)`` int64, with ``y`` the next tokens of ``x``.
 
     ``prepare_data`` tokenizes the corpus once (Lightning calls it on one process per node, then
@@ -91,13 +91,6 @@ class TextDataModule(L.LightningDataModule):
     def train_tokens(self) -> int:
         """Tokens of the training split."""
         return self.prepared.num_tokens("train")
-
-    batch_rows = WINDOWS
-    """What a row of a batch is (`micro_batch`)."""
-
-    def micro_batch(self) -> tuple[int, str]:
-        """The tokens one process's batch holds, and how the run's summary says what it is."""
-        return micro_batch(self.config.batch_size, self.context_length, self.batch_rows)
 
     def summary(self) -> str:
         """What the data is, for the run's summary."""

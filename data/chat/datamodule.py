@@ -8,7 +8,7 @@ import lightning as L
 import numpy as np
 from torch.utils.data import DataLoader
 
-from ..config import WINDOWS, micro_batch
+from ..config import WINDOWS, CountsBatches
 from ..datamodule import loader_options
 from ..errors import DataError
 from ..loader import EpochShuffle, ResumableLoader
@@ -33,7 +33,7 @@ def held_out(count: int, fraction: float, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).permutation(count)[:keep])
 
 
-class ChatDataModule(L.LightningDataModule):
+class ChatDataModule(CountsBatches, L.LightningDataModule):
     """Batches of ``(x, y)``, each ``(B, T)`` int64: one conversation per row, padded, with ``y``
     the next ids of ``x`` where the assistant writes them and ``-100`` (cross-entropy's ignore
     index) everywhere else (:class:`~.chat_data.ConversationWindows`). With ``pack``, rows hold
@@ -105,11 +105,7 @@ class ChatDataModule(L.LightningDataModule):
         return len(self.examples("train").ids)
 
     batch_rows = WINDOWS
-    """What a row of a batch is (`micro_batch`)."""
-
-    def micro_batch(self) -> tuple[int, str]:
-        """The ids one process's batch holds (padding included), and what it is, for the summary."""
-        return micro_batch(self.config.batch_size, self.context_length, self.batch_rows)
+    """What a row of a batch is (`micro_batch`): a window, padding included."""
 
     def summary(self) -> str:
         """What the data is, for the run's summary."""

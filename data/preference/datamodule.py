@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from ..chat.conversations import check_reading
 from ..chat.datamodule import held_out
 from ..chat.template import ChatEncoder
-from ..config import micro_batch
+from ..config import CountsBatches
 from ..datamodule import loader_options
 from ..errors import DataError
 from ..loader import EpochShuffle, ResumableLoader
@@ -59,7 +59,7 @@ class PreferenceDataConfig:
             raise DataError(f"max_pairs must be at least 2 (one held out) or null, got {self.max_pairs}")
 
 
-class PreferenceDataModule(L.LightningDataModule):
+class PreferenceDataModule(CountsBatches, L.LightningDataModule):
     """Batches of ``(x, y, index)``: ``x`` and ``y`` ``(B, 2, T)`` int64, the chosen and the
     rejected conversation of each pair with targets on the answer's ids alone, and ``index``
     ``(B,)`` the pairs' places in their split (:class:`~.examples.PairWindows`).
@@ -131,10 +131,6 @@ class PreferenceDataModule(L.LightningDataModule):
 
     batch_rows = ("pairs", 2)
     """A row of a batch: a pair, its chosen and its rejected window (`micro_batch`)."""
-
-    def micro_batch(self) -> tuple[int, str]:
-        """The ids one process's batch holds, a chosen and a rejected window a pair, and what it is."""
-        return micro_batch(self.config.batch_size, self.context_length, self.batch_rows)
 
     def summary(self) -> str:
         """What the data is, for the run's summary."""

@@ -21,7 +21,7 @@ import numpy as np
 from torch.utils.data import DataLoader, DistributedSampler
 
 from ..chat.template import ChatEncoder
-from ..config import check_batching, micro_batch
+from ..config import CountsBatches, check_batching
 from ..corpus import resolve_corpus
 from ..datamodule import loader_options
 from ..errors import DataError
@@ -108,7 +108,7 @@ def check_question(row: dict[str, Any], where: str) -> None:
         raise DataError(f"{where}: 'label' must be the index of the right choice, 0 to {len(choices) - 1}")
 
 
-class QuestionsDataModule(L.LightningDataModule):
+class QuestionsDataModule(CountsBatches, L.LightningDataModule):
     """Training batches `(prompts, lengths, indices)` (`pad_prompts`); validation batches
     `(x, y, counts, chars, labels, kinds)` (`choice_batch`). `question(i)` is the training row of index i, for
     the reward; `kinds` names the kinds validation counts apart.
@@ -198,11 +198,7 @@ class QuestionsDataModule(L.LightningDataModule):
         return sum(len(ids) for ids in self._prompts.prompts)
 
     batch_rows = ("questions", 1)
-    """A row of a batch: a question's prompt (`micro_batch`)."""
-
-    def micro_batch(self) -> tuple[int, str]:
-        """The prompts' room one process's batch holds, and what it is (the answers come on top)."""
-        return micro_batch(self.config.batch_size, self.context_length, self.batch_rows)
+    """A row of a batch: a question's prompt (`micro_batch`); the answers come on top."""
 
     def summary(self) -> str:
         """What the data is, for the run's summary."""
